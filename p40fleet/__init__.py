@@ -1,0 +1,1 @@
+"""Shared code of p40fleet: the validated stack spec, the GPU catalog, reports."""
