@@ -1,0 +1,95 @@
+"""Per-host refusal: stop one host, with a clear message, without aborting the whole run.
+
+An exception raised while pyinfra builds the operations of a deploy (the "prepare" stage) ends
+the run for *every* host. A host whose settings are wrong must instead fail on its own, so the
+refusal is an operation: it is queued for that host only and fails when executed. pyinfra then
+marks the host failed and runs none of its later operations; the other hosts carry on.
+
+Use at the top of every deploy::
+
+    from operations.preflight import validated_spec
+
+    spec = validated_spec()
+    if spec is not None:
+        ...  # add this host's operations
+
+Output of a refused host (``pyinfra -y INVENTORY deploy.py``)::
+
+    --> Starting operation: Refuse: stack spec
+        [lab1] host lab1: stack spec: host lab1: stack.cuda.sha256 = 'abc': expected 64 hex
+               characters ... — fix: correct the value in ...
+        [lab1] Error: executed 0 commands
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pyinfra import host
+from pyinfra.api import FunctionCommand, operation
+
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
+
+__all__ = ["refusal_message", "refuse", "validated_spec"]
+
+logger = logging.getLogger("pyinfra")
+
+_SPEC_REMEDY = (
+    "correct the value in the inventory (stack_host) or inventories/group_data/all.py (stack); "
+    "the defaults in p40fleet/spec.py are the real pins"
+)
+
+
+def refusal_message(host_name: str, step: str, reason: str, remedy: str) -> str:
+    """The text a refusal prints: ``host X: <step>: <reason> — fix: <remedy>``.
+
+    A multi-line ``reason`` gives one ``host X: <step>: <line>`` line per reason line (each one
+    grep-able), the remedy goes after the last.
+    """
+    lines = [line for line in reason.splitlines() if line.strip()] or [""]
+    out = [f"host {host_name}: {step}: {line}" for line in lines]
+    out[-1] += f" — fix: {remedy}"
+    return "\n".join(out)
+
+
+@operation(is_idempotent=False)
+def refuse(step: str, reason: str, remedy: str):
+    """
+    Fail the current host at execution time with an explanation; change nothing.
+
+    + step: what was about to happen (e.g. ``"stack spec"``, ``"driver install"``)
+    + reason: why this host cannot go on
+    + remedy: what the admin should do about it
+
+    The host is marked failed: its later operations do not run; other hosts are unaffected.
+    Run ``pyinfra`` without ``--dry`` to see the refusal (a dry run executes nothing).
+    """
+    message = refusal_message(host.name, step, reason, remedy)
+
+    def _fail(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host) by name
+        # Returning False fails the operation (and so the host) without a Python traceback.
+        for line in message.splitlines():
+            host.log_styled(line, fg="red", log_func=logger.error)
+        return False
+
+    yield FunctionCommand(_fail, (), {})
+
+
+def validated_spec() -> StackSpec | None:
+    """The current host's StackSpec, or None after queueing a refusal if the spec is invalid.
+
+    Call at the top of every deploy; add no operations for the host when it returns None.
+    """
+    try:
+        return spec_for_host(host)
+    except SpecError as exc:
+        # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".
+        prefix = f"host {exc.host}: "
+        reason = "\n".join(line.removeprefix(prefix) for line in exc.lines())
+        refuse(
+            step="stack spec",
+            reason=reason,
+            remedy=_SPEC_REMEDY,
+            name="Refuse: stack spec",
+        )
+        return None
