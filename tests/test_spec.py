@@ -1,0 +1,461 @@
+"""The stack spec: defaults are the real pins, bad values give admin-readable SpecErrors."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from p40fleet.spec import (
+    SpecError,
+    StackSpec,
+    clear_spec_cache,
+    deep_merge,
+    load_spec,
+    spec_for_host,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SHA_A = "a" * 64
+
+
+def refused(stack: dict, stack_host: dict | None = None, host: str = "lab1") -> SpecError:
+    with pytest.raises(SpecError) as info:
+        load_spec(host, stack, stack_host)
+    return info.value
+
+
+# -- defaults -----------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_stack_facts_pins():
+    spec = load_spec("lab1", {})
+    assert spec == StackSpec()
+
+    assert spec.driver.version == "525.147.05"
+    assert spec.driver.filename == "NVIDIA-Linux-x86_64-525.147.05.run"
+    assert spec.driver.url == (
+        "https://us.download.nvidia.com/tesla/525.147.05/NVIDIA-Linux-x86_64-525.147.05.run"
+    )
+    assert spec.driver.sha256 == "435183ea545c7e12e3044d7986da07758a3369befe7ee519eb3b063d4af3fef1"
+    assert spec.driver.size is None
+
+    assert spec.cuda.version == "11.8.0"
+    assert spec.cuda.filename == "cuda_11.8.0_520.61.05_linux.run"
+    assert spec.cuda.url == (
+        "https://developer.download.nvidia.com/compute/cuda/11.8.0/local_installers/"
+        "cuda_11.8.0_520.61.05_linux.run"
+    )
+    assert spec.cuda.sha256 == "9223c4af3aebe4a7bbed9abd9b163b03a1b34b855fbc2b4a0d1b706ac09a5a16"
+    assert spec.cuda.size == 4336730777
+
+    assert spec.cudnn.version == "8.9.7.29"
+    assert spec.cudnn.filename == "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
+    assert spec.cudnn.url == (
+        "https://developer.download.nvidia.com/compute/cudnn/redist/cudnn/linux-x86_64/"
+        "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
+    )
+    assert spec.cudnn.sha256 == "a3e2509028cecda0117ce5a0f42106346e82e86d390f4bb9475afc976c77402e"
+    assert spec.cudnn.size == 860967256
+
+    assert spec.miniconda.version == "py310_24.11.1-0"
+    assert spec.miniconda.filename == "Miniconda3-py310_24.11.1-0-Linux-x86_64.sh"
+    assert spec.miniconda.url == (
+        "https://repo.anaconda.com/miniconda/Miniconda3-py310_24.11.1-0-Linux-x86_64.sh"
+    )
+    assert (
+        spec.miniconda.sha256 == "7a3cdbb78a642b2b6dd0687c9e09824e53330368ab57406e27d88e25c4fe4e40"
+    )
+    assert spec.miniconda.size is None
+
+    assert spec.python_version == "3.10.12"
+    assert (spec.torch.version, spec.torch.torchvision, spec.torch.torchaudio) == (
+        "2.6.0+cu118",
+        "0.21.0+cu118",
+        "2.6.0+cu118",
+    )
+    assert spec.torch.index_url == "https://download.pytorch.org/whl/cu118"
+
+    assert spec.apex.remote == "https://github.com/NVIDIA/apex"
+    assert spec.apex.ref == "25.09"
+    assert spec.apex.commit == "4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49"
+    assert spec.verl.remote == "https://github.com/volcengine/verl"
+    assert spec.verl.ref == "v0.5.0"
+    assert spec.verl.commit == "8fdc4d3f202f41461f4de9f42a637228e342668b"
+    assert spec.verl.version == "0.5.0"
+
+    assert spec.paths.cuda_dir == "/usr/local/cuda-11.8"
+    assert spec.paths.cuda_link == "/usr/local/cuda"
+    assert spec.paths.cudnn_extract_dir == "/usr/local/src"
+    assert spec.paths.artifact_cache == "/var/cache/p40fleet"
+    assert (spec.user.name, spec.user.uid, spec.user.home) == ("verl", 2001, "/home/verl")
+    assert spec.env.conda_prefix == "/home/verl/miniconda3"
+    assert spec.env.name == "verl-p40"
+    assert spec.env.verl_checkout == "/home/verl/verl"
+    assert spec.env.data_dir == "/home/verl/data"
+    assert spec.env.model_dir == "/home/verl/models"
+    assert spec.mirror is None
+    assert spec.policy.allow_reboot is False
+    assert spec.policy.conda_tos == "accept"
+    assert tuple(spec.policy.force_reinstall) == ()
+    assert spec.policy.allow_gcc_override is False
+    assert spec.policy.allow_maxwell is False
+
+
+def test_spec_is_frozen_and_hashable():
+    spec = load_spec("lab1", {})
+    with pytest.raises(ValidationError):
+        spec.python_version = "3.11.7"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        spec.cuda.sha256 = SHA_A  # type: ignore[misc]
+    assert hash(spec) == hash(load_spec("lab1", {}))
+
+
+# -- derived helpers ----------------------------------------------------------------------------
+
+
+def test_helpers_without_mirror_use_upstream():
+    spec = load_spec("lab1", {})
+    assert spec.driver_branch == "525"
+    for name in ("driver", "cuda", "cudnn", "miniconda"):
+        assert spec.artifact_url(name) == getattr(spec, name).url
+    assert spec.git_remote("verl") == "https://github.com/volcengine/verl"
+    assert spec.git_remote("apex") == "https://github.com/NVIDIA/apex"
+    assert spec.pip_index_args() == ["--index-url", "https://download.pytorch.org/whl/cu118"]
+    with pytest.raises(KeyError):
+        spec.artifact_url("nccl")
+    with pytest.raises(KeyError):
+        spec.git_remote("vllm")
+
+
+def test_mirror_url_resolution():
+    spec = load_spec(
+        "lab1",
+        {
+            "mirror": {
+                "artifacts_url": "http://10.231.0.1:8111/artifacts/",  # trailing slash dropped
+                "pip_index_url": "http://10.231.0.1:8111/simple",
+                "git_base_url": "http://10.231.0.1:8111/git",
+            }
+        },
+    )
+    assert spec.artifact_url("cuda") == (
+        "http://10.231.0.1:8111/artifacts/cuda_11.8.0_520.61.05_linux.run"
+    )
+    assert spec.artifact_url("driver").endswith("/artifacts/NVIDIA-Linux-x86_64-525.147.05.run")
+    assert spec.git_remote("verl") == "http://10.231.0.1:8111/git/verl.git"
+    assert spec.git_remote("apex") == "http://10.231.0.1:8111/git/apex.git"
+    assert spec.pip_index_args() == ["--index-url", "http://10.231.0.1:8111/simple"]
+
+
+def test_mirror_parts_fall_back_to_upstream():
+    spec = load_spec("lab1", {"mirror": {"pip_find_links": "http://10.231.0.1:8111/wheels"}})
+    assert spec.artifact_url("cudnn") == spec.cudnn.url
+    assert spec.git_remote("apex") == "https://github.com/NVIDIA/apex"
+    assert spec.pip_index_args() == [
+        "--no-index",
+        "--find-links",
+        "http://10.231.0.1:8111/wheels",
+    ]
+    both = load_spec(
+        "lab1",
+        {"mirror": {"pip_index_url": "http://m/simple", "pip_find_links": "/srv/wheels/"}},
+    )
+    assert both.pip_index_args() == [
+        "--index-url",
+        "http://m/simple",
+        "--find-links",
+        "/srv/wheels",
+    ]
+
+
+def test_driver_branch_follows_version():
+    spec = load_spec(
+        "lab1",
+        {
+            "driver": {
+                "version": "535.104.05",
+                "filename": "d.run",
+                "url": "https://example.invalid/d.run",
+                "sha256": SHA_A,
+            }
+        },
+    )
+    assert spec.driver_branch == "535"
+
+
+# -- merging and normalisation ------------------------------------------------------------------
+
+
+def test_deep_merge_does_not_touch_inputs():
+    base = {"policy": {"allow_reboot": False, "conda_tos": "accept"}, "python_version": "3.10.12"}
+    over = {"policy": {"allow_reboot": True}}
+    merged = deep_merge(base, over)
+    assert merged == {
+        "policy": {"allow_reboot": True, "conda_tos": "accept"},
+        "python_version": "3.10.12",
+    }
+    assert base["policy"]["allow_reboot"] is False
+    merged["policy"]["conda_tos"] = "x"
+    assert base["policy"]["conda_tos"] == "accept"
+
+
+def test_stack_host_is_deep_merged_over_stack():
+    spec = load_spec(
+        "lab1",
+        {"policy": {"allow_reboot": False, "conda_tos": "conda-forge"}, "cuda": {"size": 1}},
+        {"policy": {"allow_reboot": True}, "cuda": {"sha256": SHA_A.upper()}},
+    )
+    assert spec.policy.allow_reboot is True
+    assert spec.policy.conda_tos == "conda-forge"  # kept from stack
+    assert spec.cuda.size == 1  # kept from stack
+    assert spec.cuda.sha256 == SHA_A  # normalised to lowercase
+    assert spec.cuda.version == "11.8.0"  # default
+
+
+def test_paths_are_normalised():
+    spec = load_spec("lab1", {"paths": {"cuda_dir": "/usr/local//cuda-11.8/", "cuda_link": "/x/."}})
+    assert spec.paths.cuda_dir == "/usr/local/cuda-11.8"
+    assert spec.paths.cuda_link == "/x"
+
+
+def test_env_paths_follow_user_home():
+    spec = load_spec("lab1", {"user": {"name": "alice", "uid": 3001}})
+    assert spec.user.home == "/home/alice"
+    assert spec.env.conda_prefix == "/home/alice/miniconda3"
+    assert spec.env.model_dir == "/home/alice/models"
+    spec = load_spec("lab1", {"user": {"home": "/srv/train"}, "env": {"data_dir": "/srv/train/d"}})
+    assert spec.env.verl_checkout == "/srv/train/verl"
+    assert spec.env.data_dir == "/srv/train/d"
+
+
+def test_new_artifact_version_forgets_default_size():
+    spec = load_spec(
+        "lab1",
+        {
+            "cuda": {
+                "version": "11.8.1",
+                "filename": "c.run",
+                "url": "https://example.invalid/c.run",
+                "sha256": SHA_A,
+            }
+        },
+    )
+    assert spec.cuda.size is None
+
+
+# -- bad values: each one names host, field, value and what is expected -------------------------
+
+BAD = [
+    # (dotted path set in `stack`, bad value, words of the expectation[, field shown])
+    ("foo", 1, "unknown key 'foo' (allowed: driver, cuda"),
+    ("cuda.sah256", SHA_A, "unknown key 'sah256' (allowed: version, filename, url, sha256"),
+    ("cuda.sha256", "a" * 63, "expected 64 hex characters"),
+    ("cuda.sha256", "g" * 64, "expected 64 hex characters"),
+    ("cuda.sha256", "abc", "sha256sum of the file"),
+    ("paths.cuda_dir", "usr/local/cuda", "expected an absolute path"),
+    ("paths.artifact_cache", "/var/../tmp", "without '..'"),
+    ("paths.cudnn_extract_dir", "/tmp/c", "not under /tmp"),
+    ("paths.cudnn_extract_dir", "/var/tmp", "not under /var/tmp"),
+    ("user.home", "home/verl", "expected an absolute path"),
+    ("driver.version", "525", "NNN.NN.NN"),
+    ("driver.version", "r525.147", "NNN.NN.NN"),
+    ("cuda.version", "11.8", "X.Y.Z"),
+    ("cudnn.version", "8.9.x", "8.9.7.29"),
+    ("miniconda.version", "latest", "py310_24.11.1-0"),
+    ("python_version", "3.10", "X.Y.Z"),
+    ("python_version", "3.9.18", "3.10 or newer"),
+    ("torch.version", "2.6.0_cu118", "PEP 440"),
+    ("torch.torchvision", "latest", "PEP 440"),
+    ("verl.version", "v0.5.0", "'0.5.0'"),
+    ("apex.commit", "4bdecd06", "40-hex"),
+    ("verl.commit", "z" * 40, "40-hex"),
+    ("apex.ref", "bad ref", "git tag or branch"),
+    ("driver.url", "ftp://x/d.run", "http"),
+    ("cuda.url", "not a url", "http"),
+    ("torch.index_url", "download.pytorch.org", "http"),
+    ("mirror.artifacts_url", "10.0.0.1/a", "http"),
+    ("mirror.pip_find_links", "wheels", "absolute"),
+    ("driver.filename", "dl/d.run", "plain file name"),
+    ("cuda.size", 0, "greater than 0"),
+    ("user.uid", 0, "1000 to 60000"),
+    ("user.uid", 999, "1000 to 60000"),
+    ("user.uid", 65534, "1000 to 60000"),
+    ("user.uid", "many", "whole number"),
+    ("user.name", "Verl User", "Unix user name"),
+    ("env.conda_prefix", "/opt/conda", "under user.home '/home/verl'"),
+    ("env.data_dir", "/home/verl", "under user.home"),
+    ("env.model_dir", "/home/verlx/m", "under user.home"),
+    ("policy.conda_tos", "yes", "'accept' or 'conda-forge'"),
+    ("policy.allow_reboot", "maybe", "True or False"),
+    ("policy.force_reinstall", ["drvier"], "'driver'", "policy.force_reinstall[0]", "drvier"),
+    ("policy.force_reinstall", "driver", "a list"),
+    ("cuda", "11.8.0", "dict with keys from: version, filename"),
+    ("mirror", ["http://m"], "dict"),
+    ("driver.version", "525.125.06", "also set driver.filename, driver.sha256, driver.url"),
+    ("verl.commit", "62549582a71881fe861b09f8375e3aea80ac6754", "also set verl.ref, verl.version"),
+]
+
+
+def _nest(path: str, value) -> dict:
+    *parents, last = path.split(".")
+    out: dict = {last: value}
+    for part in reversed(parents):
+        out = {part: out}
+    return out
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: f"{c[0]}={c[1]!r}"[:50])
+def test_bad_value_names_host_field_value_and_expectation(case):
+    path, value, expected, *shown = case
+    field, shown_value = shown if shown else (path, value)
+    err = refused(_nest(path, value), host="p40-07")
+    assert isinstance(err, ValueError)
+    line = str(err).splitlines()[0]
+    assert line.startswith(f"host p40-07: stack.{field} = {shown_value!r}: "), line
+    assert expected in line, line
+    assert err.host == "p40-07"
+    assert err.field == f"stack.{field}"
+    assert len(line) < 400
+
+
+def test_bad_value_in_stack_host_is_named_too():
+    err = refused({}, _nest("user.uid", 12), host="p40-08")
+    assert str(err).startswith("host p40-08: stack.user.uid = 12: expected a uid from 1000")
+
+
+def test_contract_message_shape():
+    err = refused({"cuda": {"sha256": "abc"}})
+    assert str(err).startswith("host lab1: stack.cuda.sha256 = 'abc': expected 64 hex characters")
+    assert (err.host, err.field, err.value) == ("lab1", "stack.cuda.sha256", "abc")
+    assert "sha256sum" in err.expected
+    # SpecError(host, field, value, expected) also works directly
+    direct = SpecError("lab2", "stack.x", 1, "expected y")
+    assert str(direct) == "host lab2: stack.x = 1: expected y"
+    assert pickle.loads(pickle.dumps(err)).problems == err.problems
+
+
+def test_one_line_per_error():
+    err = refused({"cuda": {"sha256": "abc", "foo": 1}, "user": {"uid": 5}})
+    lines = str(err).splitlines()
+    assert len(lines) == 3 == len(err.problems)
+    assert all(line.startswith("host lab1: stack.") for line in lines)
+    assert {p[0] for p in err.problems} == {"stack.cuda.sha256", "stack.cuda.foo", "stack.user.uid"}
+
+
+def test_error_says_when_value_came_from_stack_host():
+    err = refused({"cuda": {"sha256": SHA_A}}, {"cuda": {"sha256": "abc"}})
+    assert str(err).endswith("value set in stack_host")
+    err = refused({"cuda": {"sha256": "abc"}}, {"policy": {"allow_reboot": True}})
+    assert "stack_host" not in str(err)
+
+
+def test_non_dict_stack_is_refused():
+    err = refused("cuda=11.8")  # type: ignore[arg-type]
+    assert str(err).startswith("host lab1: stack = 'cuda=11.8': expected a dict")
+    err = refused({}, ["x"])  # type: ignore[arg-type]
+    assert err.field == "stack_host"
+
+
+def test_long_values_are_shortened():
+    err = refused({"cuda": {"sha256": "x" * 500}})
+    assert len(str(err)) < 300
+
+
+# -- host data ----------------------------------------------------------------------------------
+
+
+class _Data(dict):
+    def get(self, key, default=None):
+        return dict.get(self, key, default)
+
+    def dict(self):
+        return dict(self)
+
+
+class _Host:
+    def __init__(self, name, **data):
+        self.name = name
+        self.data = _Data(data)
+
+
+def test_spec_for_host_reads_host_data_and_caches():
+    clear_spec_cache()
+    host = _Host("lab1", stack={"policy": {"allow_reboot": True}}, stack_host={"cuda": {"size": 5}})
+    spec = spec_for_host(host)
+    assert spec.policy.allow_reboot is True
+    assert spec.cuda.size == 5
+    assert spec_for_host(host) is spec  # cached per host name
+    # changed data is not served stale
+    host.data["stack_host"] = {"cuda": {"size": 6}}
+    assert spec_for_host(host).cuda.size == 6
+    assert spec_for_host(_Host("lab2")) == StackSpec()
+
+
+def test_spec_for_host_refuses_stray_stack_keys():
+    clear_spec_cache()
+    with pytest.raises(SpecError) as info:
+        spec_for_host(_Host("lab3", stack={}, stack_hosts={"cuda": {}}))
+    assert str(info.value) == (
+        "host lab3: stack_hosts = {'cuda': {}}: unknown host-data key 'stack_hosts' "
+        "(allowed: stack, stack_host)"
+    )
+
+
+def test_spec_for_host_bad_value():
+    clear_spec_cache()
+    with pytest.raises(SpecError, match=r"^host lab4: stack\.cuda\.sha256 = 'abc': expected 64"):
+        spec_for_host(_Host("lab4", stack={"cuda": {"sha256": "abc"}}))
+
+
+# -- inventories --------------------------------------------------------------------------------
+
+
+def _load_inventory(path: Path):
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):
+        return make_inventory(str(path), cwd=str(REPO))
+
+
+def test_lab_inventory_validates_for_every_host():
+    clear_spec_cache()
+    inventory = _load_inventory(REPO / "inventories" / "lab.py")
+    hosts = {host.name: host for host in inventory}
+    assert set(hosts) == {"p40-01", "p40-02", "p40-03"}
+    for host in hosts.values():
+        spec = spec_for_host(host)
+        assert "p40" in host.groups
+        assert host.data.get("ssh_hostname").startswith("192.0.2.")
+        assert host.data.get("ssh_strict_host_key_checking") == "yes"
+        assert host.data.get("ssh_known_hosts_file")
+        assert spec.driver.version == "525.147.05"
+    assert [h.name for h in inventory.get_group("ray_head")] == ["p40-01"]
+    # group_data/all.py's stack reaches the hosts, p40-03's stack_host is merged over it
+    assert spec_for_host(hosts["p40-01"]).policy.allow_reboot is False
+    assert spec_for_host(hosts["p40-03"]).policy.allow_reboot is True
+    assert spec_for_host(hosts["p40-03"]).paths.artifact_cache == "/data/p40fleet-cache"
+    assert spec_for_host(hosts["p40-03"]).policy.conda_tos == "accept"
+
+
+def test_group_data_exports_only_stack_and_no_secret():
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import _get_group_data
+
+    with ctx_state.use(State()):
+        data = _get_group_data(str(REPO / "inventories" / "group_data" / "all.py"))["all"]
+    assert set(data) == {"stack"}
+    load_spec("any", data["stack"])
+
+    def keys(value):
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                yield key
+                yield from keys(sub)
+
+    assert not [k for k in keys(data) if any(w in k for w in ("pass", "secret", "token", "key"))]
