@@ -13,12 +13,22 @@ Use at the top of every deploy::
     if spec is not None:
         ...  # add this host's operations
 
-Output of a refused host (``pyinfra -y INVENTORY deploy.py``)::
+Real output (``@local`` with a bad spec next to a good second host)::
 
     --> Starting operation: Refuse: stack spec
-        [lab1] host lab1: stack spec: host lab1: stack.cuda.sha256 = 'abc': expected 64 hex
-               characters ... — fix: correct the value in ...
-        [lab1] Error: executed 0 commands
+        [@chroot//] Skipped
+        [@local]    host @local: stack spec: stack.cuda.sha256 = 'abc': expected 64 hex
+                    characters (the sha256sum of the file), got 3 characters
+        [@local]    host @local: stack spec: stack.user.uid = 7: expected a uid from 1000 to
+                    60000 (a regular, non-system user); value set in stack_host — fix: correct
+                    the value in the inventory (stack_host) or inventories/group_data/all.py ...
+        [@local]    Error: executed 0 commands
+
+    --> Starting operation: touch marker
+        [@chroot//] Success
+
+(each message is one line in the real output; wrapped here). pyinfra exits 1 when any host
+failed. A ``--dry`` run executes nothing, so it shows the "Refuse" operation but not its text.
 """
 
 from __future__ import annotations

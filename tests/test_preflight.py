@@ -1,0 +1,125 @@
+"""operations.preflight: a bad spec refuses its host only, at execution, and changes nothing.
+
+End to end: each test writes a tiny inventory + deploy into tmp and runs the real ``pyinfra``
+CLI on the local machine. The deploy calls ``validated_spec()`` and then touches a marker file
+per host; a refused host must not get its marker.
+
+Two hosts without SSH: ``@local`` plus ``@chroot//`` (the chroot connector pointed at ``/``,
+so it runs on this machine too). That needs root and chroot(8); without them only the one-host
+tests run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from operations.preflight import refusal_message
+
+REPO = Path(__file__).resolve().parent.parent
+
+DEPLOY = """
+from pyinfra import host
+from pyinfra.operations import files
+
+from operations.preflight import validated_spec
+
+spec = validated_spec()
+if spec is not None:
+    files.file(
+        name="touch marker",
+        path="{marker_dir}/marker-" + host.name.replace("/", "_") + "-" + spec.driver_branch,
+    )
+"""
+
+
+def run_pyinfra(tmp_path: Path, hosts: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    marker_dir = tmp_path / "markers"
+    marker_dir.mkdir()
+    (tmp_path / "inventory.py").write_text(f"hosts = {hosts}\n")
+    (tmp_path / "deploy.py").write_text(DEPLOY.format(marker_dir=marker_dir))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pyinfra",
+            "-y",
+            str(tmp_path / "inventory.py"),
+            str(tmp_path / "deploy.py"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc, sorted(p.name for p in marker_dir.iterdir())
+
+
+def test_refusal_message_format():
+    assert refusal_message("lab1", "driver install", "nouveau is loaded", "reboot") == (
+        "host lab1: driver install: nouveau is loaded — fix: reboot"
+    )
+    # one grep-able line per reason line, the fix after the last
+    assert refusal_message("lab1", "stack spec", "a = 1: x\nb = 2: y", "edit it").splitlines() == [
+        "host lab1: stack spec: a = 1: x",
+        "host lab1: stack spec: b = 2: y — fix: edit it",
+    ]
+
+
+def test_good_spec_runs_the_deploy(tmp_path):
+    proc, markers = run_pyinfra(tmp_path, '[("@local", {"stack": {}})]')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert markers == ["marker-@local-525"]
+    assert "Refuse" not in proc.stdout + proc.stderr
+
+
+def test_bad_spec_refuses_the_host_and_changes_nothing(tmp_path):
+    proc, markers = run_pyinfra(
+        tmp_path,
+        '[("@local", {"stack": {"cuda": {"sha256": "abc"}}, "stack_host": {"user": {"uid": 7}}})]',
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert markers == []  # the operation after the refusal did not run
+    assert (
+        "host @local: stack spec: stack.cuda.sha256 = 'abc': "
+        "expected 64 hex characters (the sha256sum of the file)" in out
+    ), out
+    assert "host @local: stack spec: stack.user.uid = 7: expected a uid from 1000 to 60000" in out
+    assert "— fix: correct the value in the inventory" in out
+    assert "Traceback" not in out
+
+
+def test_stray_stack_key_is_refused(tmp_path):
+    proc, markers = run_pyinfra(tmp_path, '[("@local", {"stacks": {"cuda": {}}})]')
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert markers == []
+    assert "host @local: stack spec: stacks = {'cuda': {}}: unknown host-data key 'stacks'" in out
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("chroot") is None,
+    reason="a second local host needs the chroot connector (root + chroot)",
+)
+def test_bad_host_is_refused_alone(tmp_path):
+    proc, markers = run_pyinfra(
+        tmp_path,
+        '[("@local", {"stack": {"driver": {"version": "525"}}}), ("@chroot//", {})]',
+    )
+    out = proc.stdout + proc.stderr
+    # pyinfra exits non-zero when any host failed, but the good host ran its operations
+    assert proc.returncode != 0, out
+    assert markers == ["marker-@chroot__-525"], out
+    assert "host @local: stack spec: stack.driver.version = '525': expected an NVIDIA driver" in out
+    assert "host @chroot//: stack spec" not in out
