@@ -1,0 +1,113 @@
+"""Read-only fleet survey: GPUs, capability, profile, driver, verdict per host.
+
+    pyinfra @local deploy/facts.py -y
+    pyinfra inventories/sim.py deploy/facts.py -y
+
+Prints one line per host while facts are gathered, then one table of the
+whole fleet after the last host. Changes nothing on any host.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, state
+from pyinfra.facts.server import LinuxDistribution
+from rich.console import Console
+from rich.table import Table
+
+from facts.gpu import (
+    InstalledDriverVersion,
+    LoadedDriverVersion,
+    NouveauLoaded,
+    NvidiaSmi,
+    PciGpus,
+)
+from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
+from p40fleet.profile import summarize_host
+from p40fleet.spec import SpecError, load_spec, spec_for_host
+
+_ROWS_ATTR = "p40fleet_fact_rows"
+_COLUMNS = (
+    "host",
+    "OS",
+    "kernel",
+    "CPUs/RAM",
+    "cache free",
+    "GPUs",
+    "cc",
+    "profile",
+    "driver",
+    "nouveau",
+    "verdict",
+)
+
+
+def _gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / 2**30:.0f} GiB"
+
+
+def _survey() -> dict[str, str]:
+    spec_problem = None
+    try:
+        spec = spec_for_host(host)
+    except SpecError as exc:
+        spec_problem = str(exc)
+        spec = load_spec(host.name, {})
+
+    pci = host.get_fact(PciGpus)
+    smi = host.get_fact(NvidiaSmi)
+    gpus: list = list(pci)
+    if not gpus and smi.ok:
+        gpus = [g.pci_id for g in smi.gpus if g.pci_id is not None]
+    summary = summarize_host(
+        gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
+    )
+
+    kernel = host.get_fact(KernelHeaders)
+    space = host.get_fact(FreeSpace, path=spec.paths.artifact_cache)
+    installed = host.get_fact(InstalledDriverVersion)
+    loaded = host.get_fact(LoadedDriverVersion)
+    headers = "yes" if kernel.headers_installed else "no"
+    verdict = summary.verdict
+    if spec_problem:
+        verdict = (
+            f"{verdict}; spec: {spec_problem}" if not summary.ok else f"refused: {spec_problem}"
+        )
+
+    driver = f"installed {installed or 'no'}, loaded {loaded or 'no'}, nvidia-smi {smi.state}"
+    return {
+        "host": host.name,
+        "OS": os_label(host.get_fact(LinuxDistribution)),
+        "kernel": f"{kernel.release or '?'} (headers {headers})",
+        "CPUs/RAM": f"{host.get_fact(Cpus) or '?'} / {_gib(host.get_fact(MemTotal))}",
+        "cache free": _gib(space.available_bytes if space else None),
+        "GPUs": summary.gpus_str if summary.gpu_count else "no NVIDIA GPU found",
+        "cc": summary.capability_str,
+        "profile": summary.profile or "-",
+        "driver": f"R{summary.driver_branch}: {driver}",
+        "nouveau": "loaded" if host.get_fact(NouveauLoaded) else "not loaded",
+        "verdict": verdict,
+    }
+
+
+def _print_table(rows: dict[str, dict[str, str]]) -> None:
+    table = Table(title="p40fleet: GPU facts", show_lines=True)
+    for column in _COLUMNS:
+        table.add_column(column, overflow="fold")
+    for name in sorted(rows):
+        table.add_row(*(rows[name][c] for c in _COLUMNS))
+    Console(width=200).print(table)
+
+
+row = _survey()
+print(
+    f"[{row['host']}] {row['OS']} | GPUs: {row['GPUs']} | cc {row['cc']} | "
+    f"profile {row['profile']} | driver {row['driver']} | {row['verdict']}",
+    flush=True,
+)
+
+# This file runs once per host (in parallel); the table waits for the last one.
+fleet_rows: dict[str, dict[str, str]] = getattr(state, _ROWS_ATTR, None) or {}
+fleet_rows[row["host"]] = row
+setattr(state, _ROWS_ATTR, fleet_rows)
+if len(fleet_rows) >= len(state.inventory.get_active_hosts()):
+    _print_table(fleet_rows)
