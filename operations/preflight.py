@@ -28,7 +28,8 @@ Real output (``@local`` with a bad spec next to a good second host)::
         [@chroot//] Success
 
 (each message is one line in the real output; wrapped here). pyinfra exits 1 when any host
-failed. A ``--dry`` run executes nothing, so it shows the "Refuse" operation but not its text.
+failed. While preparing (also with ``--dry``, which executes nothing) a refused host logs
+``[@local] stack spec invalid (stack.cuda.sha256 ...): this host will be refused``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def validated_spec() -> StackSpec | None:
         # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".
         prefix = f"host {exc.host}: "
         reason = "\n".join(line.removeprefix(prefix) for line in exc.lines())
+        # Also say it while preparing, so `--dry` (which executes nothing) shows it too.
+        host.log_styled(
+            f"stack spec invalid ({exc.field} ...): this host will be refused",
+            fg="yellow",
+            log_func=logger.warning,
+        )
         refuse(
             step="stack spec",
             reason=reason,

@@ -97,6 +97,8 @@ def test_bad_spec_refuses_the_host_and_changes_nothing(tmp_path):
     ), out
     assert "host @local: stack spec: stack.user.uid = 7: expected a uid from 1000 to 60000" in out
     assert "— fix: correct the value in the inventory" in out
+    # announced while preparing too (so `--dry` shows it)
+    assert "stack spec invalid (stack.cuda.sha256 ...): this host will be refused" in out
     assert "Traceback" not in out
 
 
