@@ -45,6 +45,7 @@ from pydantic_core import PydanticUndefined
 
 __all__ = [
     "ARTIFACTS",
+    "ApexPin",
     "COMPONENTS",
     "GIT_PINS",
     "Artifact",
