@@ -1,0 +1,158 @@
+"""The NVIDIA driver from its runfile, pinned to one version (R525: 525.147.05).
+
+Order: ``supported_gpus`` (before anything on the host changes) -> ``build_prereqs`` ->
+``install`` -> ``loaded`` (reboot if the new module cannot load yet) -> ``verify``.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, server
+
+from facts.gpu import SMI_OK, InstalledDriverVersion, NvidiaSmi, PciGpus
+from facts.host import KernelHeaders
+from operations.preflight import refuse
+from p40fleet.profile import driver_branch, driver_supports
+
+__all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
+
+BUILD_TOOLS_PACKAGE = "build-essential"
+#: What the runfile calls (it stops naming the first one missing).
+BUILD_TOOLS = ("cc", "make", "ld")
+REBOOT_DELAY_S = 2
+REBOOT_TIMEOUT_S = 600
+
+
+@operation()
+def supported_gpus(version: str, require_gpu: bool = True):
+    """
+    Refuse this host when driver ``version``'s branch does not support one of its GPUs.
+
+    + version: the pinned driver version (its branch is what matters, e.g. ``525``)
+    + require_gpu: also refuse a host without any NVIDIA GPU
+    """
+    branch = driver_branch(version) or version
+    gpus = host.get_fact(PciGpus)
+    if not gpus:
+        if require_gpu:
+            yield from refuse._inner(
+                step="driver install",
+                reason="no NVIDIA GPU found in /sys/bus/pci/devices",
+                remedy="check the host (is the card seated and powered?) or take it out of "
+                "the inventory",
+            )
+        else:
+            host.noop("no NVIDIA GPU; nothing to check")
+        return
+    refused = []
+    for gpu in gpus:
+        ok, why = driver_supports(branch, gpu.model)
+        if not ok:
+            refused.append(f"{gpu.bus_id} 10de:{gpu.device_id:04x}: {why}")
+    if refused:
+        yield from refuse._inner(
+            step=f"driver {version}",
+            reason="\n".join(refused),
+            remedy=f"take these GPUs out of the host or pin a driver branch that supports them "
+            f"(stack.driver); R{branch} is not installed here",
+        )
+        return
+    host.noop(f"driver R{branch} supports all {len(gpus)} GPU(s)")
+
+
+@operation()
+def build_prereqs():
+    """
+    Install what a DKMS build needs: ``linux-headers-$(uname -r)`` and build tools.
+
+    apt runs (with ``update``) only when something is missing.
+    """
+    kernel = host.get_fact(KernelHeaders)
+    missing = []
+    if not kernel.headers_installed:
+        missing.append(f"linux-headers-{kernel.release}")
+    if not all(host.get_fact(Which, command=tool) for tool in BUILD_TOOLS):
+        missing.append(BUILD_TOOLS_PACKAGE)
+    if not missing:
+        host.noop(f"headers for {kernel.release} and {', '.join(BUILD_TOOLS)} are installed")
+        return
+    yield from apt.packages._inner(packages=missing, update=True)
+
+
+@operation()
+def install(runfile: str, version: str, force: bool = False):
+    """
+    Run the driver runfile unless ``modinfo -F version nvidia`` already says ``version``.
+
+    + runfile: path of the verified ``NVIDIA-Linux-x86_64-VERSION.run`` on the host
+    + version: the pinned version, e.g. ``525.147.05``
+    + force: reinstall even when that version is installed (policy.force_reinstall)
+    """
+    installed = host.get_fact(InstalledDriverVersion)
+    if installed == version and not force:
+        host.noop(f"NVIDIA driver {version} is installed")
+        return
+    if installed and installed != version:
+        host.log(f"replacing NVIDIA driver {installed} with {version}")
+        if host.get_fact(Which, command="nvidia-uninstall"):
+            yield "nvidia-uninstall --silent"
+        # Otherwise the new runfile finds the old runfile install and removes it itself.
+    yield StringCommand(
+        "sh",
+        QuoteString(runfile),
+        "--silent --dkms --no-questions --ui=none",
+    )
+
+
+@operation(is_idempotent=False)
+def loaded(
+    version: str,
+    allow_reboot: bool = False,
+    delay: int = REBOOT_DELAY_S,
+    reboot_timeout: int = REBOOT_TIMEOUT_S,
+):
+    """
+    Reboot when the installed driver is not the one running (nvidia-smi does not answer).
+
+    + version: the pinned version
+    + allow_reboot: ``spec.policy.allow_reboot``; without it the host fails with a remedy
+    """
+    smi = host.get_fact(NvidiaSmi)
+    if smi.state == SMI_OK and smi.driver_version == version:
+        host.noop(f"nvidia-smi answers with driver {version}")
+        return
+    if host.get_fact(InstalledDriverVersion) != version:
+        host.noop(f"driver {version} is not installed (yet): nothing to load")
+        return
+    if not allow_reboot:
+        yield from refuse._inner(
+            step=f"driver {version}",
+            reason=f"reboot required: driver {version} is installed but not loaded "
+            f"(nvidia-smi: {smi.state})",
+            remedy="run with allow_reboot=True or reboot it yourself, then re-run",
+        )
+        return
+    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=reboot_timeout)
+
+
+@operation()
+def verify(version: str):
+    """
+    Fail the host unless ``nvidia-smi`` answers with driver ``version``.
+
+    + version: the pinned version
+    """
+    smi = host.get_fact(NvidiaSmi)
+    if smi.state == SMI_OK and smi.driver_version == version:
+        host.noop(f"nvidia-smi: driver {version}, {len(smi.gpus)} GPU(s)")
+        return
+    seen = smi.driver_version if smi.state == SMI_OK else smi.state
+    detail = f": {smi.message}" if smi.message else ""
+    yield from refuse._inner(
+        step=f"driver {version}",
+        reason=f"nvidia-smi does not answer with driver {version} (got {seen}{detail})",
+        remedy="reboot the host (or run with allow_reboot=True) and re-run; if it persists "
+        "read /var/log/nvidia-installer.log",
+    )
