@@ -1,0 +1,159 @@
+"""The CUDA toolkit from its runfile (toolkit only: the bundled driver would fight the pinned one).
+
+Order: ``toolkit`` -> ``symlink`` (``/usr/local/cuda``) -> ``profile`` (``/etc/profile.d``)
+-> ``verify`` (nvcc answers with the pinned release).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.operations import files
+
+from facts.host import FreeSpace
+from facts.system import CudaToolkit, GccMajor, NvccRelease
+from operations.artifacts import format_bytes
+from operations.preflight import refuse
+
+__all__ = [
+    "GCC_MAX",
+    "PROFILE_FILE",
+    "TEMPLATE",
+    "default_tmp_bytes",
+    "profile",
+    "symlink",
+    "toolkit",
+    "verify",
+]
+
+#: CUDA 11.8's installer refuses newer gcc unless given --override.
+GCC_MAX = 11
+#: What the real 11.8 runfile unpacks into its tmpdir, measured (~4.3 GB) plus headroom.
+REAL_UNPACK_BYTES = 4_500_000_000
+PROFILE_FILE = "/etc/profile.d/cuda.sh"
+TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "cuda-profile.sh.j2")
+
+
+def default_tmp_bytes(runfile_size: int | None) -> int:
+    """Room the runfile needs in its tmpdir: its size x1.1, or 4.5 GB when the size is unknown."""
+    return int(runfile_size * 1.1) if runfile_size else REAL_UNPACK_BYTES
+
+
+def _release(version: str) -> str:
+    """``11.8.0`` / ``11.8.20220929`` / ``11.8.89`` -> ``11.8``."""
+    return ".".join(version.split(".")[:2])
+
+
+@operation()
+def toolkit(
+    runfile: str,
+    version: str,
+    cuda_dir: str,
+    tmpdir: str,
+    tmp_bytes: int,
+    allow_gcc_override: bool = False,
+    force: bool = False,
+):
+    """
+    Install the toolkit into ``cuda_dir`` unless its ``version.json`` and ``bin/nvcc`` say
+    ``version``'s release is there (a tree left by a killed install has no version.json).
+
+    + runfile: path of the verified ``cuda_X.Y.Z_DRV_linux.run`` on the host
+    + version: the pinned version, e.g. ``11.8.0``
+    + cuda_dir: ``--installpath``
+    + tmpdir: ``--tmpdir`` (it unpacks there: not a small /tmp)
+    + tmp_bytes: free bytes needed in ``tmpdir``, checked first
+    + allow_gcc_override: pass ``--override`` when gcc is newer than 11
+    + force: reinstall even when installed (policy.force_reinstall)
+    """
+    want = _release(version)
+    current = host.get_fact(CudaToolkit, cuda_dir=cuda_dir)
+    if current.version and _release(current.version) == want and current.nvcc and not force:
+        host.noop(f"CUDA {current.version} is installed in {cuda_dir}")
+        return
+    if current.exists and not current.version:
+        host.log(f"{cuda_dir} has no version.json (an interrupted install?): installing again")
+
+    flags = ["--silent", "--toolkit", f"--installpath={cuda_dir}", f"--tmpdir={tmpdir}"]
+    flags.append("--no-man-page")
+    gcc = host.get_fact(GccMajor)
+    if gcc is not None and gcc > GCC_MAX:
+        if not allow_gcc_override:
+            yield from refuse._inner(
+                step=f"CUDA {version}",
+                reason=f"gcc {gcc} is newer than CUDA {want} supports (gcc <= {GCC_MAX}): "
+                "its installer stops",
+                remedy=f"install gcc-{GCC_MAX} and make it the default gcc, or set "
+                "stack.policy.allow_gcc_override=True (runs the installer with --override; "
+                "CUDA builds with gcc > 11 are unsupported)",
+            )
+            return
+        flags.append("--override")
+
+    space = host.get_fact(FreeSpace, path=tmpdir)
+    free = space.available_bytes if space else None
+    if free is not None and free < tmp_bytes:
+        yield from refuse._inner(
+            step=f"CUDA {version}",
+            reason=f"not enough free space in {tmpdir} to unpack the CUDA installer: needs "
+            f"{format_bytes(tmp_bytes)}, {format_bytes(free)} free, "
+            f"{format_bytes(tmp_bytes - free)} missing",
+            remedy=f"free {format_bytes(tmp_bytes - free)} there, or point "
+            "stack.paths.artifact_cache (the installer's tmpdir) at a filesystem with room",
+        )
+        return
+
+    yield StringCommand("mkdir -p", QuoteString(tmpdir))
+    yield StringCommand("sh", QuoteString(runfile), *flags)
+
+
+@operation()
+def symlink(cuda_dir: str, cuda_link: str = "/usr/local/cuda"):
+    """
+    Point ``cuda_link`` at ``cuda_dir``.
+
+    + cuda_dir: the toolkit dir, e.g. ``/usr/local/cuda-11.8``
+    + cuda_link: the symlink, e.g. ``/usr/local/cuda``
+    """
+    yield from files.link._inner(path=cuda_link, target=cuda_dir, symbolic=True)
+
+
+@operation()
+def profile(cuda_home: str, version: str, path: str = PROFILE_FILE):
+    """
+    Write ``/etc/profile.d/cuda.sh``: ``CUDA_HOME``, ``PATH`` and ``LD_LIBRARY_PATH``.
+
+    + cuda_home: what ``CUDA_HOME`` names (the pinned toolkit dir)
+    + version: the CUDA version, for the file's comment
+    + path: the profile file
+    """
+    yield from files.template._inner(
+        src=TEMPLATE,
+        dest=path,
+        mode="644",
+        cuda_home=cuda_home.rstrip("/"),
+        cuda_version=version,
+    )
+
+
+@operation()
+def verify(cuda_dir: str, version: str):
+    """
+    Fail the host unless ``cuda_dir/bin/nvcc --version`` says ``version``'s release.
+
+    + cuda_dir: the toolkit dir
+    + version: the pinned version, e.g. ``11.8.0``
+    """
+    nvcc = host.get_fact(NvccRelease, cuda_dir=cuda_dir)
+    if nvcc and _release(nvcc) == _release(version):
+        host.noop(f"nvcc {nvcc} in {cuda_dir}")
+        return
+    yield from refuse._inner(
+        step=f"CUDA {version}",
+        reason=f"{cuda_dir}/bin/nvcc --version does not say release {_release(version)} "
+        f"(got {nvcc or 'no answer'})",
+        remedy="read /var/log/cuda-installer.log; put 'cuda' in stack.policy.force_reinstall "
+        "to install again",
+    )
