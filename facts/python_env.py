@@ -1,0 +1,349 @@
+"""Facts about the training user's Python layer: Miniconda, the conda env, its packages, git.
+
+Every command exits 0 whatever it finds (missing prefix, broken interpreter, no git repo) and
+encodes the state in its output, so gathering these facts never fails a host. They run with the
+operation's global arguments (e.g. ``_su_user``), so they see what the training user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from typing_extensions import override
+
+__all__ = [
+    "CONDA_BROKEN",
+    "CONDA_HEALTHY",
+    "CONDA_MISSING",
+    "ENV_BROKEN",
+    "ENV_MISSING",
+    "ENV_OK",
+    "CondaInstall",
+    "CondaState",
+    "Dist",
+    "EnvDistributions",
+    "EnvPython",
+    "EnvPythonState",
+    "GitCheckout",
+    "GitState",
+    "MarkerText",
+    "VerlPatchCheck",
+    "env_dir",
+    "env_python",
+    "normalize_name",
+]
+
+CONDA_MISSING = "missing"  # no prefix directory at all: fresh ``-b -p PREFIX``
+CONDA_BROKEN = "broken"  # prefix exists but ``bin/conda --version`` fails: ``-b -u -p PREFIX``
+CONDA_HEALTHY = "healthy"
+
+ENV_MISSING = "missing"
+ENV_BROKEN = "broken"  # env dir exists but its python does not run
+ENV_OK = "ok"  # python runs; compare ``version`` with the pin
+
+_MARK = "##p40fleet"
+
+
+def env_dir(prefix: str, name: str) -> str:
+    """``PREFIX/envs/NAME``."""
+    return f"{prefix.rstrip('/')}/envs/{name}"
+
+
+def env_python(prefix: str, name: str) -> str:
+    """The env's interpreter, ``PREFIX/envs/NAME/bin/python``."""
+    return f"{env_dir(prefix, name)}/bin/python"
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 normal form of a distribution name (``Torch_Audio`` -> ``torch-audio``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _marked(output: list[str]) -> list[str]:
+    return [line[len(_MARK) :].strip() for line in output if line.startswith(_MARK)]
+
+
+@dataclass(frozen=True)
+class CondaState:
+    """Miniconda at a prefix: ``missing``, ``broken`` or ``healthy`` (with conda's version)."""
+
+    state: str
+    version: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == CONDA_HEALTHY
+
+
+class CondaInstall(FactBase[CondaState]):
+    """
+    Returns the ``CondaState`` of a Miniconda prefix (runs ``PREFIX/bin/conda --version``).
+    """
+
+    @staticmethod
+    @override
+    def default() -> CondaState:
+        return CondaState(CONDA_MISSING)
+
+    @override
+    def command(self, prefix: str) -> StringCommand:
+        conda = QuoteString(f"{prefix.rstrip('/')}/bin/conda")
+        return StringCommand(
+            "if [ ! -e",
+            QuoteString(prefix),
+            f"]; then echo '{_MARK} missing';",
+            "elif out=$(",
+            conda,
+            "--version 2>&1); then",
+            f'echo "{_MARK} healthy $out";',
+            f"else echo '{_MARK} broken'; fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> CondaState:
+        for line in _marked(output):
+            words = line.split()
+            if words and words[0] == CONDA_HEALTHY:
+                # "conda 24.11.1" -> "24.11.1"
+                return CondaState(CONDA_HEALTHY, words[-1] if len(words) > 1 else None)
+            if words and words[0] in (CONDA_MISSING, CONDA_BROKEN):
+                return CondaState(words[0])
+        return CondaState(CONDA_BROKEN)
+
+
+@dataclass(frozen=True)
+class EnvPythonState:
+    """The env's interpreter: ``missing``/``broken``/``ok``; ``detail`` says what went wrong."""
+
+    state: str
+    version: str | None = None
+    detail: str | None = None
+
+
+class EnvPython(FactBase[EnvPythonState]):
+    """
+    Returns the ``EnvPythonState`` of ``PREFIX/envs/NAME/bin/python`` (runs it, never fails).
+    """
+
+    @staticmethod
+    @override
+    def default() -> EnvPythonState:
+        return EnvPythonState(ENV_MISSING)
+
+    @override
+    def command(self, prefix: str, env_name: str) -> StringCommand:
+        name = env_name
+        probe = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
+        return StringCommand(
+            "if [ ! -d",
+            QuoteString(env_dir(prefix, name)),
+            f"]; then echo '{_MARK} missing';",
+            "elif out=$(",
+            QuoteString(env_python(prefix, name)),
+            "-c",
+            QuoteString(probe),
+            "2>&1); then",
+            f'echo "{_MARK} ok $out";',
+            f'else echo "{_MARK} broken"; printf "%s\\n" "$out" | tail -n 3; fi; true',
+        )
+
+    @override
+    def process(self, output: list[str]) -> EnvPythonState:
+        lines = list(output)
+        for index, line in enumerate(lines):
+            if not line.startswith(_MARK):
+                continue
+            words = line[len(_MARK) :].split()
+            if words and words[0] == ENV_OK and len(words) > 1:
+                return EnvPythonState(ENV_OK, words[1])
+            if words and words[0] == ENV_MISSING:
+                return EnvPythonState(ENV_MISSING)
+            detail = " ".join(x.strip() for x in lines[index + 1 :] if x.strip()) or None
+            return EnvPythonState(ENV_BROKEN, detail=detail or "python did not run")
+        return EnvPythonState(ENV_BROKEN, detail="no output from the python probe")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """One installed distribution: version and, for an editable install, its source dir."""
+
+    version: str
+    editable: str | None = None
+
+
+_DISTS_PROBE = """
+import importlib.metadata as m, json
+out = {}
+for d in m.distributions():
+    name = d.metadata["Name"]
+    if not name:
+        continue
+    editable = None
+    try:
+        info = json.loads(d.read_text("direct_url.json") or "{}")
+        if info.get("dir_info", {}).get("editable"):
+            editable = info.get("url", "").removeprefix("file://")
+    except Exception:
+        pass
+    out[name] = [d.version, editable]
+print(json.dumps(out))
+""".strip()
+
+
+class EnvDistributions(FactBase[dict[str, Dist]]):
+    """
+    Returns the distributions installed in an interpreter: ``{pep503-name: Dist}``.
+
+    Uses ``importlib.metadata`` (no import of the packages themselves); ``{}`` when the
+    interpreter is missing or broken.
+    """
+
+    default = dict
+
+    @override
+    def command(self, python: str) -> StringCommand:
+        return StringCommand(
+            "if [ -x",
+            QuoteString(python),
+            "]; then",
+            QuoteString(python),
+            "-c",
+            QuoteString(_DISTS_PROBE),
+            "2>/dev/null; fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Dist]:
+        for line in output:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                data = json.loads(line)
+            except ValueError:
+                return {}
+            return {
+                normalize_name(name): Dist(str(value[0]), value[1] or None)
+                for name, value in data.items()
+            }
+        return {}
+
+
+class MarkerText(FactBase[str | None]):
+    """
+    Returns the stripped text of a small marker file, or ``None`` when it does not exist.
+    """
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        return StringCommand(
+            "if [ -f",
+            QuoteString(path),
+            f"]; then echo '{_MARK} file'; cat",
+            QuoteString(path),
+            "; fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        lines = list(output)
+        if not lines or not lines[0].startswith(_MARK):
+            return None
+        return "\n".join(lines[1:]).strip()
+
+
+@dataclass(frozen=True)
+class GitState:
+    """A git checkout: whether it exists, its HEAD, origin URL and locally modified files."""
+
+    exists: bool
+    is_repo: bool = False
+    head: str | None = None
+    origin: str | None = None
+    modified: tuple[str, ...] = field(default_factory=tuple)
+
+
+class GitCheckout(FactBase[GitState]):
+    """
+    Returns the ``GitState`` of a checkout (HEAD, ``origin`` URL, ``git status`` paths).
+    """
+
+    @staticmethod
+    @override
+    def default() -> GitState:
+        return GitState(exists=False)
+
+    @override
+    def command(self, path: str) -> StringCommand:
+        q = QuoteString(path)
+        # safe.directory: the fact may run as root on a checkout the training user owns.
+        git = StringCommand("git -c", QuoteString(f"safe.directory={path}"), "-C", q)
+        return StringCommand(
+            "if [ ! -e",
+            q,
+            f"]; then echo '{_MARK} missing';",
+            "elif head=$(",
+            git,
+            "rev-parse --verify -q HEAD 2>/dev/null); then",
+            f'echo "{_MARK} head $head";',
+            f'echo "{_MARK} origin $(',
+            git,
+            'config --get remote.origin.url)";',
+            git,
+            "status --porcelain --untracked-files=no 2>/dev/null;",
+            f"else echo '{_MARK} not-a-repo'; fi; true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> GitState:
+        head = origin = None
+        modified: list[str] = []
+        is_repo = False
+        for line in output:
+            if line.startswith(_MARK):
+                words = line[len(_MARK) :].split(None, 1)
+                kind = words[0] if words else ""
+                value = words[1].strip() if len(words) > 1 else None
+                if kind == "missing":
+                    return GitState(exists=False)
+                if kind == "not-a-repo":
+                    return GitState(exists=True, is_repo=False)
+                if kind == "head":
+                    is_repo, head = True, value
+                elif kind == "origin":
+                    origin = value
+            elif len(line) > 3 and line.strip():
+                # porcelain v1: "XY path" (renames: "old -> new")
+                modified.append(line[3:].split(" -> ")[-1].strip())
+        return GitState(True, is_repo, head, origin, tuple(modified))
+
+
+class VerlPatchCheck(MarkerText):
+    """
+    Returns the applier's ``--check`` exit code as text (``"100"`` = in sync), or ``None``
+    when the applier or this rule set is not on the host yet.
+    """
+
+    @override
+    def command(self, python: str, script: str, rules: str, checkout: str) -> StringCommand:
+        return StringCommand(
+            "if [ -x",
+            QuoteString(python),
+            "] && [ -f",
+            QuoteString(script),
+            "] && [ -f",
+            QuoteString(rules),
+            "] && [ -d",
+            QuoteString(checkout),
+            "]; then echo '##p40fleet file';",
+            QuoteString(python),
+            QuoteString(script),
+            "--rules",
+            QuoteString(rules),
+            "--checkout",
+            QuoteString(checkout),
+            "--check >/dev/null 2>&1; echo $?; fi; true",
+        )
