@@ -1,0 +1,160 @@
+"""cuDNN from NVIDIA's tarball: extracted once, hard-linked into the CUDA dir.
+
+Hard links need one filesystem: the extract dir and the CUDA dir must have the same
+``stat -c %d``. ``same_filesystem`` checks that before anything changes (put it early).
+Links: ``include/cudnn*.h`` -> ``<cuda_dir>/include``, ``lib/libcudnn*`` -> ``<cuda_dir>/lib64``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from facts.system import CudnnFiles, CudnnHeaderVersion, PathDevice
+from operations.preflight import refuse
+
+__all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify"]
+
+_ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar")
+#: Where each source dir of the tarball goes in the CUDA dir.
+_DEST_DIRS = {"include": "include", "lib": "lib64"}
+
+
+def extracted_dir(extract_dir: str, archive: str) -> str:
+    """``/usr/local/src`` + ``.../cudnn-X-archive.tar.xz`` -> ``/usr/local/src/cudnn-X-archive``."""
+    name = posixpath.basename(archive)
+    for suffix in _ARCHIVE_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return posixpath.join(extract_dir, name)
+
+
+def _short(version: str) -> str:
+    """``8.9.7.29`` -> ``8.9.7`` (what cudnn_version.h holds)."""
+    return ".".join(version.split(".")[:3])
+
+
+@operation()
+def same_filesystem(extract_dir: str, cuda_dir: str):
+    """
+    Refuse the host when ``extract_dir`` and ``cuda_dir`` are on different filesystems.
+
+    + extract_dir: where the tarball is unpacked (spec.paths.cudnn_extract_dir)
+    + cuda_dir: the CUDA toolkit dir (a path not created yet counts as its parent's)
+    """
+    src = host.get_fact(PathDevice, path=extract_dir)
+    dst = host.get_fact(PathDevice, path=cuda_dir)
+    if src is not None and dst is not None and src != dst:
+        yield from refuse._inner(
+            step="cuDNN hard links",
+            reason=f"{extract_dir} (device {src}) and {cuda_dir} (device {dst}) are on "
+            "different filesystems: hard links between them fail (Invalid cross-device link)",
+            remedy="set stack.paths.cudnn_extract_dir to a directory on the filesystem of "
+            f"{cuda_dir} (e.g. {posixpath.dirname(cuda_dir.rstrip('/'))}/src)",
+        )
+        return
+    host.noop(f"{extract_dir} and {cuda_dir} share a filesystem")
+
+
+@operation()
+def extract(archive: str, extract_dir: str, version: str, force: bool = False):
+    """
+    Unpack the cuDNN tarball under ``extract_dir`` unless that version is already there.
+
+    + archive: path of the verified tarball on the host
+    + extract_dir: parent dir of the unpacked tree
+    + version: the pinned version, e.g. ``8.9.7.29``
+    + force: unpack again (policy.force_reinstall)
+    """
+    tree = extracted_dir(extract_dir, archive)
+    found = host.get_fact(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h")
+    if found == _short(version) and not force:
+        host.noop(f"cuDNN {found} is unpacked in {tree}")
+        return
+    yield StringCommand(
+        "mkdir -p", QuoteString(extract_dir), "&& tar -xf", QuoteString(archive), "-C",
+        QuoteString(extract_dir),
+    )  # fmt: skip
+
+
+@operation()
+def link(src_dir: str, cuda_dir: str):
+    """
+    Hard-link (``cp -lP``) the unpacked cuDNN headers and libraries into ``cuda_dir``.
+
+    Same inode already there: nothing. Another file there (another version's, or a copy):
+    removed, then linked. cuDNN files in ``cuda_dir`` the tree does not have (another version's
+    ``libcudnn*.so.8.x.y``): removed. ``ldconfig`` after any change.
+
+    + src_dir: the unpacked tree (``extracted_dir(...)``)
+    + cuda_dir: the CUDA toolkit dir
+    """
+    state = host.get_fact(CudnnFiles, src_dir=src_dir, cuda_dir=cuda_dir)
+    src, dst = state["src"], state["dst"]
+    if not src:
+        yield from refuse._inner(
+            step="cuDNN hard links",
+            reason=f"no include/cudnn*.h or lib/libcudnn* under {src_dir}",
+            remedy="check the cuDNN archive (stack.cudnn) and re-run",
+        )
+        return
+
+    wanted = {}
+    for rel, info in src.items():
+        top, name = rel.split("/", 1)
+        wanted[f"{_DEST_DIRS[top]}/{name}"] = (rel, info)
+
+    remove: list[str] = []
+    to_link: dict[str, list[str]] = {}
+    for dest_rel, (src_rel, info) in sorted(wanted.items()):
+        have = dst.get(dest_rel)
+        if have is not None and (have.device, have.inode) == (info.device, info.inode):
+            continue
+        if have is not None:
+            remove.append(dest_rel)
+        to_link.setdefault(posixpath.dirname(dest_rel), []).append(src_rel)
+    stale = sorted(rel for rel in dst if rel not in wanted)
+    remove += stale
+
+    if not remove and not to_link:
+        host.noop(f"cuDNN files in {cuda_dir} are hard links to {src_dir}")
+        return
+    if stale:
+        host.log(f"removing cuDNN files of another version from {cuda_dir}: {', '.join(stale)}")
+    if remove:
+        yield StringCommand(
+            "rm -f", *(QuoteString(posixpath.join(cuda_dir, rel)) for rel in sorted(remove))
+        )
+    for dest_sub, src_rels in sorted(to_link.items()):
+        target = posixpath.join(cuda_dir, dest_sub)
+        yield StringCommand(
+            "mkdir -p",
+            QuoteString(target),
+            "&& cp -lP",
+            *(QuoteString(posixpath.join(src_dir, rel)) for rel in sorted(src_rels)),
+            QuoteString(target + "/"),
+        )
+    yield "ldconfig"
+
+
+@operation()
+def verify(cuda_dir: str, version: str):
+    """
+    Fail the host unless ``<cuda_dir>/include/cudnn_version.h`` says ``version``.
+
+    + cuda_dir: the CUDA toolkit dir
+    + version: the pinned version, e.g. ``8.9.7.29`` (checked as 8.9.7)
+    """
+    header = f"{cuda_dir.rstrip('/')}/include/cudnn_version.h"
+    found = host.get_fact(CudnnHeaderVersion, path=header)
+    if found == _short(version):
+        host.noop(f"cuDNN {found} in {cuda_dir}")
+        return
+    yield from refuse._inner(
+        step=f"cuDNN {version}",
+        reason=f"{header} says {found or 'nothing'}, expected {_short(version)}",
+        remedy="put 'cudnn' in stack.policy.force_reinstall and re-run",
+    )
