@@ -1,0 +1,298 @@
+"""Python layer: training user, Miniconda, conda env, torch, Apex (built once), verl — idempotent.
+
+    pyinfra -y inventories/sim.py deploy/python.py
+
+Runs after deploy/system.py. Everything under the training user's home runs as that user
+(``_su_user``). A second run reports no changes; changing the verl ref re-runs only the verl
+steps; Apex is compiled on one host per build key and installed from that wheel everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from pyinfra import host, state
+
+from facts.gpu import PciGpus
+from facts.host import Cpus, MemTotal
+from facts.python_env import EnvDistributions, MarkerText, env_dir, env_python
+from operations import apex, artifacts, conda, torch, training_user, verl
+from operations.preflight import refuse, validated_spec
+from p40fleet.profile import summarize_host
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = os.path.join(REPO, "files")
+
+
+def apex_build_for(spec: StackSpec, gpus: list) -> apex.ApexBuild:
+    """The Apex build this host needs (arches present, torch/CUDA pins, python minor)."""
+    cuda_ext = getattr(spec.apex, "cuda_ext", None)
+    if cuda_ext is None:
+        cuda_ext = apex.cuda_ext_default(spec.torch.version)
+    return apex.ApexBuild(
+        ref=spec.apex.ref,
+        commit=spec.apex.commit,
+        torch=spec.torch.version,
+        cuda=spec.cuda.version if cuda_ext else None,
+        arch_list=apex.arch_list(g.model.compute_capability for g in gpus if g.model),
+        python=".".join(spec.python_version.split(".")[:2]),
+        cuda_ext=cuda_ext,
+    )
+
+
+def env_fresh(spec: StackSpec) -> bool:
+    """The env is (re)created by this run: installed-package facts no longer hold."""
+    reason = conda.env_rebuild_reason(spec.env.conda_prefix, spec.env.name, spec.python_version)
+    return reason is not None or "env" in spec.policy.force_reinstall
+
+
+def needs_apex(target, spec: StackSpec, key: str) -> bool:
+    """Whether host ``target`` must install apex at ``key`` in this run (from its facts)."""
+    with _on(target):
+        if env_fresh(spec) or "apex" in spec.policy.force_reinstall:
+            return True
+        key_file = f"{env_dir(spec.env.conda_prefix, spec.env.name)}/{apex.KEY_FILE}"
+        python = env_python(spec.env.conda_prefix, spec.env.name)
+        if target.get_fact(MarkerText, path=key_file) != key:
+            return True
+        return "apex" not in target.get_fact(EnvDistributions, python=python)
+
+
+class _on:
+    """Make ``host`` (pyinfra's context) point at another inventory host for a fact lookup."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __enter__(self):
+        from pyinfra.context import ctx_host
+
+        self._cm = ctx_host.use(self.target)
+        self._cm.__enter__()
+
+    def __exit__(self, *exc):
+        return self._cm.__exit__(*exc)
+
+
+def apex_builders() -> dict[str, str]:
+    """``{build key: builder host}`` for this run, computed once from every active host."""
+    cached = getattr(state, "_p40fleet_apex_builders", None)
+    if cached is not None:
+        return cached
+    candidates = []
+    for target in state.inventory.iter_active_hosts():
+        try:
+            target_spec = spec_for_host(target)
+        except SpecError:
+            continue  # refused by preflight: runs no Python layer
+        gpus = target.get_fact(PciGpus)
+        summary = summarize_host(gpus, allow_maxwell=target_spec.policy.allow_maxwell)
+        if not summary.ok:
+            continue
+        key = apex_build_for(target_spec, gpus).key
+        if os.path.isfile(apex.controller_wheel(key)):
+            continue  # already on the controller: nobody builds
+        if needs_apex(target, target_spec, key):
+            candidates.append((target.name, key))
+    builders = apex.choose_builders(candidates)
+    state._p40fleet_apex_builders = builders
+    return builders
+
+
+def verl_ruleset_json(spec: StackSpec, profile: str) -> str:
+    """The patch rule set for (ref, profile) from p40fleet.verl_patches, as JSON text."""
+    from p40fleet import verl_patches
+
+    return verl_patches.ruleset_json(spec.verl.ref, profile)
+
+
+def requirements_variant(spec: StackSpec) -> str:
+    """spec.verl.requirements if the spec has it; else v0.5.0 for a CUDA torch, lab otherwise."""
+    variant = getattr(spec.verl, "requirements", None)
+    if variant:
+        return variant
+    return "v0.5.0" if apex.cuda_ext_default(spec.torch.version) else "lab"
+
+
+def deploy(spec: StackSpec) -> None:
+    user, env = spec.user, spec.env
+    force = set(spec.policy.force_reinstall)
+    as_user = {"_su_user": user.name}
+    python = env_python(env.conda_prefix, env.name)
+    the_env = env_dir(env.conda_prefix, env.name)
+    cache = f"{user.home}/.cache/p40fleet"
+    gpus = host.get_fact(PciGpus)
+    summary = summarize_host(gpus, allow_maxwell=spec.policy.allow_maxwell)
+    if not summary.ok:
+        refuse(
+            name="Refuse: Python layer",
+            step="python layer",
+            reason=f"GPUs {summary.gpus_str}: {summary.refused}",
+            remedy="run deploy/facts.py and fix what it reports",
+        )
+        return
+
+    # 1. Training user: fixed uid, so a reinstalled OS gets the same owner for the kept /home.
+    training_user.training_user(
+        name=f"Training user {user.name} (uid {user.uid})",
+        user=user.name,
+        uid=user.uid,
+        home=user.home,
+    )
+
+    # 2. Miniconda from the sha256-verified installer; ToS per policy.
+    artifacts.artifact(name=f"Fetch {spec.miniconda.filename}", item="miniconda", spec=spec)
+    conda.miniconda(
+        name=f"Miniconda {spec.miniconda.version} in {env.conda_prefix}",
+        installer=artifacts.artifact_path(spec, "miniconda"),
+        prefix=env.conda_prefix,
+        force="miniconda" in force,
+        **as_user,
+    )
+    conda.conda_tos(
+        name="Anaconda ToS (policy.conda_tos)",
+        prefix=env.conda_prefix,
+        policy=spec.policy.conda_tos,
+        **as_user,
+    )
+
+    # 3. The env: kept while its python runs at the pin, else removed and created again.
+    fresh = env_fresh(spec)
+    conda.env(
+        name=f"Conda env {env.name} (python {spec.python_version})",
+        prefix=env.conda_prefix,
+        env_name=env.name,
+        python_version=spec.python_version,
+        channels=conda.channel_args(spec.policy.conda_tos),
+        force="env" in force,
+        **as_user,
+    )
+
+    # 4. torch trio from the spec's index.
+    torch.torch(
+        name=f"torch {spec.torch.version}",
+        python=python,
+        version=spec.torch.version,
+        torchvision=getattr(spec.torch, "torchvision", None),
+        torchaudio=getattr(spec.torch, "torchaudio", None),
+        index_args=spec.pip_index_args(),
+        fresh_env=fresh,
+        force="torch" in force,
+        **as_user,
+    )
+
+    # 5. Apex: one build per key and fleet (the builder), a wheel for everyone.
+    build = apex_build_for(spec, gpus)
+    key = build.key
+    work = apex.host_work_dir(user.home, key)
+    host_tar = posixpath.join(work, apex.WHEEL_TAR)
+    local_tar = apex.controller_wheel(key)
+    builder = apex_builders().get(key)
+    if needs_apex(host, spec, key):
+        if builder == host.name:
+            apex.build_wheel(
+                name=f"Build the Apex wheel {key}",
+                python=python,
+                remote=spec.git_remote("apex"),
+                ref=spec.apex.ref,
+                commit=spec.apex.commit,
+                work_dir=work,
+                cuda_home=spec.paths.cuda_dir,
+                arch_list=build.arch_list,
+                max_jobs=apex.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal)),
+                cuda_ext=build.cuda_ext,
+                **as_user,
+            )
+            apex.fetch_wheel(
+                name="Copy the Apex wheel to the controller cache",
+                remote_tar=host_tar,
+                local_tar=local_tar,
+            )
+        else:
+            apex.put_wheel(
+                name="Upload the Apex wheel from the controller cache",
+                local_tar=local_tar,
+                remote_tar=host_tar,
+                user=user.name,
+                builder=builder,
+            )
+    verify = "import torch, apex, apex_C" + (
+        ", amp_C, fused_layer_norm_cuda" if build.cuda_ext else ""
+    )
+    apex.install(
+        name=f"Apex {spec.apex.ref} ({key})",
+        python=python,
+        wheel_tar=host_tar,
+        key=key,
+        env_dir=the_env,
+        verify=verify,
+        fresh_env=fresh,
+        force="apex" in force,
+        **as_user,
+    )
+
+    # 6. verl: pinned checkout, patched for this host's profile, deps pinned, --no-deps -e.
+    moving = verl_checkout_moves(spec)
+    verl.checkout(
+        name=f"verl checkout at {spec.verl.ref}",
+        path=env.verl_checkout,
+        remote=spec.git_remote("verl"),
+        ref=spec.verl.ref,
+        commit=spec.verl.commit,
+        **as_user,
+    )
+    verl.patch(
+        name=f"verl patch rules ({summary.profile})",
+        python=python,
+        checkout=env.verl_checkout,
+        script_src=os.path.join(FILES, "verl_patch.py"),
+        rules_json=verl_ruleset_json(spec, summary.profile),
+        work_dir=f"{cache}/verl-patch",
+        user=user.name,
+        checkout_changes=moving,
+        **as_user,
+    )
+    variant = requirements_variant(spec)
+    requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
+    if not os.path.isfile(requirements):
+        refuse(
+            name="Refuse: verl requirements",
+            step="verl requirements",
+            reason=f"{requirements} does not exist (variant {variant!r})",
+            remedy="set stack.verl.requirements to a variant with a file in files/",
+        )
+        return
+    verl.requirements(
+        name=f"verl pinned deps ({variant})",
+        python=python,
+        src=requirements,
+        dest=f"{cache}/verl-requirements-{variant}.txt",
+        env_dir=the_env,
+        index_args=spec.pip_index_args(),
+        fresh_env=fresh,
+        **as_user,
+    )
+    verl.install(
+        name=f"verl {spec.verl.version} (editable, --no-deps)",
+        python=python,
+        checkout=env.verl_checkout,
+        version=spec.verl.version,
+        fresh_env=fresh,
+        checkout_changes=moving,
+        force="verl" in force,
+        **as_user,
+    )
+
+
+def verl_checkout_moves(spec: StackSpec) -> bool:
+    """The verl checkout is not at the pinned commit yet (so patch + install must re-run)."""
+    from facts.python_env import GitCheckout
+
+    return host.get_fact(GitCheckout, path=spec.env.verl_checkout).head != spec.verl.commit
+
+
+_spec = validated_spec()
+if _spec is not None:
+    deploy(_spec)

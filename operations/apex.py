@@ -1,0 +1,307 @@
+"""Apex: built once per fleet and build key, then installed from the wheel on every host.
+
+A build key names everything the compiled wheel depends on: apex commit, torch pin, CUDA
+toolkit (or ``none`` without CUDA extensions), the GPU arches present (TORCH_CUDA_ARCH_LIST),
+the env's python minor (cp tag) and the extension set. Per key and pyinfra run, exactly one
+host builds (:func:`choose_builders`: the first host of the inventory that needs that key):
+
+    builder:  build_wheel -> fetch_wheel (files.get to the controller cache)
+    others:   put_wheel (files.put from the controller cache)
+    all:      install (pip install --no-deps the wheel; records the key in the env)
+
+pyinfra runs each operation on every host before the next one starts, so the builder's build
+and fetch finish before any host's put. A wheel already in the controller cache means no build
+at all; to force a rebuild, delete ``<controller cache>/apex/<key>/``.
+
+Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch),
+``--config-settings "--build-option=--cpp_ext"`` and, when the torch pin is a CUDA build,
+``"--build-option=--cuda_ext"`` with ``CUDA_HOME`` = the pinned toolkit (apex stops when nvcc and
+``torch.version.cuda`` differ).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from packaging.version import Version
+from pyinfra import host
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.facts.files import File
+from pyinfra.operations import files
+
+from facts.python_env import EnvDistributions, MarkerText
+from operations.torch import pip_command
+
+__all__ = [
+    "KEY_FILE",
+    "WHEEL_TAR",
+    "ApexBuild",
+    "arch_list",
+    "build_wheel",
+    "choose_builders",
+    "controller_wheel",
+    "cuda_ext_default",
+    "fetch_wheel",
+    "host_work_dir",
+    "install",
+    "max_jobs",
+    "put_wheel",
+]
+
+#: Name of the key file in the env dir: the build key of the installed apex.
+KEY_FILE = ".p40fleet-apex-key"
+#: The built wheel travels as a tar holding exactly one ``apex-*.whl`` (its name is only known
+#: after the build; the tar's name is fixed so files.get/put can name it beforehand).
+WHEEL_TAR = "apex-wheel.tar"
+#: Peak memory of one nvcc job compiling apex's CUDA kernels is roughly 2-4 GiB.
+GIB_PER_JOB = 4
+
+
+def arch_list(capabilities: Iterable[tuple[int, int]]) -> str:
+    """TORCH_CUDA_ARCH_LIST of the arches present, sorted: ``"6.1"``, ``"6.0;6.1"``."""
+    return ";".join(f"{major}.{minor}" for major, minor in sorted(set(capabilities)))
+
+
+def max_jobs(cpus: int | None, mem_bytes: int | None) -> int:
+    """MAX_JOBS = min(cpus, memory GiB // 4), at least 1 (unknown values do not limit)."""
+    limits = []
+    if cpus:
+        limits.append(cpus)
+    if mem_bytes:
+        limits.append(mem_bytes // (GIB_PER_JOB * 1024**3))
+    return max(1, min(limits)) if limits else 1
+
+
+def cuda_ext_default(torch_version: str) -> bool:
+    """CUDA extensions only for a CUDA torch build (local label ``cuXYZ``): a CPU torch has none."""
+    return (Version(torch_version).local or "").lower().startswith("cu")
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "-", text).strip("-")
+
+
+@dataclass(frozen=True)
+class ApexBuild:
+    """Everything the compiled wheel depends on; ``key`` names it (a directory-safe string)."""
+
+    ref: str
+    commit: str
+    torch: str
+    cuda: str | None  # toolkit version when cuda_ext, else None
+    arch_list: str
+    python: str  # X.Y (the wheel's cp tag)
+    cuda_ext: bool
+
+    @property
+    def key(self) -> str:
+        arches = self.arch_list.replace(";", "-") or "none"
+        exts = "cpp+cuda" if self.cuda_ext else "cpp"
+        return _safe(
+            f"{self.ref}-{self.commit[:12]}_torch{self.torch}_cuda{self.cuda or 'none'}"
+            f"_sm{arches}_py{self.python}_{exts}"
+        )
+
+
+def choose_builders(candidates: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``{key: host}`` from ``(host, key)`` pairs in inventory order: the first host per key."""
+    builders: dict[str, str] = {}
+    for name, key in candidates:
+        builders.setdefault(key, name)
+    return builders
+
+
+def host_work_dir(home: str, key: str) -> str:
+    """The build/transfer dir for ``key`` under the training user's home."""
+    return f"{home.rstrip('/')}/.cache/p40fleet/apex/{key}"
+
+
+def controller_wheel(key: str, cache_dir: str | None = None) -> str:
+    """The controller's copy of the wheel tar: ``$P40FLEET_CACHE`` or ``~/.cache/p40fleet``."""
+    base = cache_dir or os.environ.get("P40FLEET_CACHE") or "~/.cache/p40fleet"
+    return os.path.join(os.path.expanduser(base), "apex", key, WHEEL_TAR)
+
+
+@operation()
+def build_wheel(
+    python: str,
+    remote: str,
+    ref: str,
+    commit: str,
+    work_dir: str,
+    cuda_home: str,
+    arch_list: str,
+    max_jobs: int,
+    cuda_ext: bool,
+):
+    """
+    Clone apex at ``ref`` (verified = ``commit``) and build one wheel into ``WORK/apex-wheel.tar``.
+
+    + python: the env's interpreter (its torch is the build's torch)
+    + remote: git remote of apex
+    + ref: tag or branch to check out
+    + commit: the commit ``ref`` must resolve to
+    + work_dir: per-key dir (``src/``, ``wheels/``, ``build.log``, the tar)
+    + cuda_home: CUDA toolkit for ``--cuda_ext`` (must match torch.version.cuda)
+    + arch_list: TORCH_CUDA_ARCH_LIST, only the arches present
+    + max_jobs: MAX_JOBS for the compiler (see :func:`max_jobs`)
+    + cuda_ext: build the CUDA extensions too
+    """
+    tar = f"{work_dir}/{WHEEL_TAR}"
+    if host.get_fact(File, path=tar):
+        host.noop(f"apex wheel already built on this host: {tar}")
+        return
+    src, wheels, log = f"{work_dir}/src", f"{work_dir}/wheels", f"{work_dir}/build.log"
+    q_src = QuoteString(src)
+    yield StringCommand("rm -rf", q_src, QuoteString(wheels), "&& mkdir -p", QuoteString(wheels))
+    yield StringCommand("git clone --quiet", QuoteString(remote), q_src)
+    yield StringCommand(
+        "git -C", q_src, "-c advice.detachedHead=false checkout --quiet", QuoteString(ref)
+    )
+    yield StringCommand(
+        "head=$(git -C",
+        q_src,
+        'rev-parse HEAD) && [ "$head" =',
+        QuoteString(commit),
+        "] || { echo",
+        QuoteString(f"apex: {ref} is at"),
+        '"$head"',
+        QuoteString(f"but the spec pins {commit}: fix stack.apex.ref/commit"),
+        ">&2; exit 1; }",
+    )
+    build_options = ["--cpp_ext"] + (["--cuda_ext"] if cuda_ext else [])
+    settings: list[str | QuoteString] = []
+    for option in build_options:
+        settings += ["--config-settings", QuoteString(f"--build-option={option}")]
+    yield StringCommand(
+        "cd",
+        q_src,
+        "&& env",
+        QuoteString(f"CUDA_HOME={cuda_home}"),
+        QuoteString(f"TORCH_CUDA_ARCH_LIST={arch_list}"),
+        QuoteString(f"MAX_JOBS={max_jobs}"),
+        pip_command(
+            python,
+            "wheel -v --no-cache-dir --no-build-isolation --no-deps -w",
+            QuoteString(wheels),
+            *settings,
+            "./",
+        ),
+        ">",
+        QuoteString(log),
+        "2>&1 || { tail -n 40",
+        QuoteString(log),
+        "; echo",
+        QuoteString(f"apex build failed, full log: {log}"),
+        ">&2; exit 1; }",
+    )
+    yield StringCommand(
+        "cd",
+        QuoteString(wheels),
+        "&& tar -cf",
+        QuoteString(f"{tar}.part"),
+        "apex-*.whl && mv",
+        QuoteString(f"{tar}.part"),
+        QuoteString(tar),
+    )
+
+
+@operation()
+def fetch_wheel(remote_tar: str, local_tar: str):
+    """
+    Copy the builder's wheel tar to the controller cache (files.get).
+
+    + remote_tar: the tar on the builder
+    + local_tar: where the controller keeps it (one dir per build key)
+    """
+    yield from files.get._inner(
+        src=remote_tar, dest=local_tar, add_deploy_dir=False, create_local_dir=True
+    )
+
+
+@operation()
+def put_wheel(local_tar: str, remote_tar: str, user: str, builder: str | None = None):
+    """
+    Upload the wheel tar from the controller cache (built earlier in this run or before).
+
+    + local_tar: the controller's copy
+    + remote_tar: destination on this host
+    + user: owner of the uploaded file (the training user)
+    + builder: the host building it in this run, for the error message
+    """
+    where = f"host {builder} was to build it in this run" if builder else "none was built"
+
+    def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
+        if os.path.isfile(local_tar):
+            return True
+        host.log_styled(
+            f"apex wheel {local_tar} is not on the controller ({where}); "
+            "fix that host's build first, then re-run",
+            fg="red",
+        )
+        return False
+
+    if not os.path.isfile(local_tar):
+        yield FunctionCommand(_refuse, (), {})
+    yield from files.put._inner(
+        src=local_tar,
+        dest=remote_tar,
+        user=user,
+        group=user,
+        mode="644",
+        add_deploy_dir=False,
+        assume_exists=True,
+    )
+
+
+@operation()
+def install(
+    python: str,
+    wheel_tar: str,
+    key: str,
+    env_dir: str,
+    verify: str = "import torch, apex, apex_C",
+    fresh_env: bool = False,
+    force: bool = False,
+):
+    """
+    ``pip install --no-deps`` the wheel in ``wheel_tar``; record ``key`` in the env.
+
+    + python: the env's interpreter
+    + wheel_tar: tar holding one ``apex-*.whl`` on this host
+    + key: build key of that wheel
+    + env_dir: the conda env dir (holds the key file)
+    + verify: python code that must import after the install (the real extension modules:
+      importing FusedLayerNorm proves nothing, its import is lazy)
+    + fresh_env: the env is (re)created earlier in this run: ignore what the facts saw
+    + force: reinstall even when the key matches
+    """
+    key_file = f"{env_dir.rstrip('/')}/{KEY_FILE}"
+    if not fresh_env and not force:
+        recorded = host.get_fact(MarkerText, path=key_file)
+        installed = "apex" in host.get_fact(EnvDistributions, python=python)
+        if recorded == key and installed:
+            host.noop(f"apex already installed at build key {key}")
+            return
+        if recorded and recorded != key:
+            host.log(f"apex installed at build key {recorded}, the spec needs {key}")
+    unpacked = f"{wheel_tar}.d"
+    yield StringCommand(
+        "rm -rf",
+        QuoteString(unpacked),
+        "&& mkdir -p",
+        QuoteString(unpacked),
+        "&& tar -xf",
+        QuoteString(wheel_tar),
+        "-C",
+        QuoteString(unpacked),
+    )
+    yield StringCommand(
+        pip_command(python, "install --no-deps --force-reinstall"),
+        StringCommand(QuoteString(unpacked), "/apex-*.whl", _separator=""),
+    )
+    yield StringCommand(QuoteString(python), "-c", QuoteString(verify))
+    yield StringCommand("printf '%s\\n'", QuoteString(key), ">", QuoteString(key_file))

@@ -1,0 +1,69 @@
+"""The training user: fixed name and uid, bash, home kept across an OS reinstall.
+
+The uid is pinned (spec.user.uid) so that after an OS reinstall that keeps ``/home`` the user is
+recreated with the same uid and owns its old files again. An existing home directory is reused
+as is (``useradd -M``): never recreated from the skeleton, never wiped.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Groups, Users
+from pyinfra.operations import server
+
+from operations.preflight import refuse
+
+__all__ = ["training_user"]
+
+
+@operation()
+def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
+    """
+    Ensure group ``user`` (gid = ``uid``) and user ``user`` with ``uid``, ``home``, ``shell``.
+
+    + user: user (and primary group) name
+    + uid: fixed uid, also used as the gid of a newly created group
+    + home: home directory; an existing one is reused, a missing one created from /etc/skel
+    + shell: login shell
+
+    Refuses the host (changes nothing) when the user exists with another uid, or the uid belongs
+    to another user: fixing either means re-owning files, which is the admin's decision.
+    """
+    name = user
+    users = host.get_fact(Users)
+    existing = users.get(name)
+    if existing is not None and existing["uid"] != uid:
+        yield from refuse._inner(
+            step="training user",
+            reason=f"user {name} exists with uid {existing['uid']}, the spec pins uid {uid}",
+            remedy=f"set stack.user.uid = {existing['uid']} or change the user's uid by hand "
+            f"(usermod -u {uid} {name} and re-own its files)",
+        )
+        return
+    holder = next((u for u, info in users.items() if info["uid"] == uid and u != name), None)
+    if holder is not None:
+        yield from refuse._inner(
+            step="training user",
+            reason=f"uid {uid} already belongs to user {holder}",
+            remedy="choose a free uid in stack.user.uid",
+        )
+        return
+
+    if name not in host.get_fact(Groups):
+        yield from server.group._inner(group=name, gid=uid)
+
+    home_exists = bool(host.get_fact(Directory, path=home))
+    if existing is None and home_exists:
+        host.log(f"reusing the existing home {home} for new user {name} (uid {uid})")
+    yield from server.user._inner(
+        user=name,
+        uid=uid,
+        group=name,
+        home=home,
+        shell=shell,
+        # -m only when there is no home yet: a kept /home after a reinstall is reused as is.
+        create_home=not home_exists,
+        ensure_home=True,
+    )

@@ -1,0 +1,250 @@
+"""verl: pinned checkout, capability patches, pinned deps, editable install with ``--no-deps``.
+
+``--no-deps`` because verl's install_requires (and extras: vllm, sglang, flash-attn) pull other
+torch builds; the pinned import-time deps come from ``files/verl-requirements-<variant>.txt``.
+Changing the verl ref re-runs these steps only (apex and torch keys do not include verl).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.operations import files
+
+from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
+from operations.preflight import refuse
+from operations.torch import pip_command, same_version
+
+__all__ = [
+    "PATCH_EXIT",
+    "REQUIREMENTS_MARKER",
+    "checkout",
+    "install",
+    "patch",
+    "requirements",
+]
+
+#: Exit codes of files/verl_patch.py.
+PATCH_EXIT = {"changed": 0, "no-change": 100, "mismatch": 2, "local-edits": 3, "unsupported": 4}
+#: In the env dir: sha256 of the requirements file last installed there.
+REQUIREMENTS_MARKER = ".p40fleet-verl-requirements.sha256"
+#: The applier's record in the checkout: files it patched, with their post-patch sha256.
+PATCH_RECORD = ".p40fleet-patches.json"
+
+# Run on the host before moving the checkout to another commit: every modified tracked file must
+# be one the patch applier recorded, still at its recorded sha256 (our own patch); anything else
+# is a local edit and stops the host, naming the files.
+_ONLY_OUR_PATCHES = r"""
+import hashlib, json, os, subprocess, sys
+co = sys.argv[1]
+out = subprocess.run(["git", "-C", co, "status", "--porcelain", "--untracked-files=no"],
+                     check=True, capture_output=True, text=True).stdout
+changed = [line[3:].split(" -> ")[-1] for line in out.splitlines() if line.strip()]
+try:
+    recorded = json.load(open(os.path.join(co, ".p40fleet-patches.json"))).get("files", {})
+except (OSError, ValueError):
+    recorded = {}
+def sha(p):
+    try:
+        return hashlib.sha256(open(os.path.join(co, p), "rb").read()).hexdigest()
+    except OSError:
+        return None
+edits = [p for p in changed if p not in recorded or recorded[p] != sha(p)]
+if edits:
+    print("verl checkout %s has local edits in: %s; commit or save them elsewhere, then "
+          "'git -C %s checkout -- <files>' and re-run" % (co, ", ".join(edits), co))
+    sys.exit(3)
+""".strip()
+
+
+@operation()
+def checkout(path: str, remote: str, ref: str, commit: str):
+    """
+    Clone ``remote`` into ``path`` and check out ``ref``, which must resolve to ``commit``.
+
+    + path: checkout directory (the editable install points here)
+    + remote: git remote (``spec.git_remote("verl")``)
+    + ref: tag/branch to check out
+    + commit: the commit HEAD must be at
+
+    At another commit: fetch, then check out the new ref, dropping only our own recorded
+    patches; local edits stop the host with their file names, never clobbered.
+    """
+    state = host.get_fact(GitCheckout, path=path)
+    q_path = QuoteString(path)
+    if state.exists and not state.is_repo:
+        yield from refuse._inner(
+            step="verl checkout",
+            reason=f"{path} exists but is not a git checkout",
+            remedy=f"move {path} away (or set stack.env.verl_checkout elsewhere) and re-run",
+        )
+        return
+    if state.is_repo and state.head == commit:
+        if state.origin and state.origin != remote:
+            yield StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
+        else:
+            host.noop(f"verl checkout at {ref} ({commit[:12]})")
+        return
+    if not state.exists:
+        yield StringCommand("git clone --quiet", QuoteString(remote), q_path)
+    else:
+        host.log(f"verl checkout at {(state.head or '?')[:12]}, moving to {ref} ({commit[:12]})")
+        if state.origin != remote:
+            yield StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
+        yield StringCommand("git -C", q_path, "fetch --quiet --tags --force origin")
+        if state.modified:
+            yield StringCommand("python3 -c", QuoteString(_ONLY_OUR_PATCHES), q_path)
+    # -f only drops changes the guard above proved to be our recorded patches.
+    yield StringCommand(
+        "git -C",
+        q_path,
+        "-c advice.detachedHead=false checkout --quiet -f",
+        QuoteString(f"{ref}^{{commit}}"),
+    )
+    yield StringCommand(
+        "head=$(git -C",
+        q_path,
+        'rev-parse HEAD) && [ "$head" =',
+        QuoteString(commit),
+        "] || { echo",
+        QuoteString(f"verl: {ref} is at"),
+        '"$head"',
+        QuoteString(f"but the spec pins {commit}: fix stack.verl.ref/commit"),
+        ">&2; exit 1; }",
+    )
+
+
+@operation()
+def patch(
+    python: str,
+    checkout: str,
+    script_src: str,
+    rules_json: str,
+    work_dir: str,
+    user: str,
+    checkout_changes: bool = False,
+):
+    """
+    Apply the profile's verl patch rules with ``files/verl_patch.py`` on the host.
+
+    + python: interpreter that runs the applier (stdlib only)
+    + checkout: the verl checkout
+    + script_src: local path of ``files/verl_patch.py``
+    + rules_json: the rule set (``p40fleet.verl_patches``), as JSON text
+    + work_dir: where the applier and rules are uploaded
+    + user: owner of the uploaded files
+    + checkout_changes: the checkout moves to another commit earlier in this run
+
+    Exit 3 (local edits: a patched file differs from what the applier recorded) fails the host
+    with the applier's message naming the files; nothing is overwritten.
+    """
+    digest = hashlib.sha256(rules_json.encode()).hexdigest()[:16]
+    script = posixpath.join(work_dir, "verl_patch.py")
+    rules = posixpath.join(work_dir, f"rules-{digest}.json")
+    yield from files.put._inner(
+        src=script_src, dest=script, user=user, group=user, mode="755", add_deploy_dir=False
+    )
+    yield from files.put._inner(src=StringIO(rules_json), dest=rules, user=user, group=user)
+    check = host.get_fact(
+        VerlPatchCheck, python=python, script=script, rules=rules, checkout=checkout
+    )
+    if check == str(PATCH_EXIT["no-change"]) and not checkout_changes:
+        host.noop("verl patch rules already applied")
+        return
+    yield StringCommand(
+        QuoteString(python),
+        QuoteString(script),
+        "--rules",
+        QuoteString(rules),
+        "--checkout",
+        QuoteString(checkout),
+        "; rc=$?; case $rc in 0|100) exit 0;; 3) echo",
+        QuoteString(
+            f"verl checkout {checkout} has local edits in patched files (named above): "
+            "not overwriting them; save them elsewhere, restore the files with "
+            "'git checkout -- <files>' and re-run"
+        ),
+        ">&2;; esac; exit $rc",
+    )
+
+
+@operation()
+def requirements(
+    python: str,
+    src: str,
+    dest: str,
+    env_dir: str,
+    index_args: list[str] | None = None,
+    fresh_env: bool = False,
+):
+    """
+    ``pip install -r`` verl's pinned import-time deps; skip when this file's sha256 is recorded.
+
+    + python: the env's interpreter
+    + src: local requirements file (``files/verl-requirements-<variant>.txt``)
+    + dest: where it is uploaded on the host
+    + env_dir: env dir (holds the recorded sha256)
+    + index_args: pip index arguments (``spec.pip_index_args()``)
+    + fresh_env: the env is (re)created earlier in this run
+    """
+    with open(src, "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    yield from files.put._inner(src=src, dest=dest, add_deploy_dir=False)
+    marker = f"{env_dir.rstrip('/')}/{REQUIREMENTS_MARKER}"
+    if not fresh_env and host.get_fact(MarkerText, path=marker) == digest:
+        host.noop(f"verl requirements {posixpath.basename(src)} already installed")
+        return
+    yield pip_command(
+        python,
+        "install",
+        *(QuoteString(arg) for arg in index_args or []),
+        "-r",
+        QuoteString(dest),
+    )
+    yield StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
+
+
+@operation()
+def install(
+    python: str,
+    checkout: str,
+    version: str,
+    fresh_env: bool = False,
+    checkout_changes: bool = False,
+    force: bool = False,
+):
+    """
+    ``pip install --no-deps -e CHECKOUT``; no-op when verl ``version`` is installed from there.
+
+    + python: the env's interpreter
+    + checkout: the verl checkout
+    + version: verl's version at the pinned ref (spec.verl.version)
+    + fresh_env: the env is (re)created earlier in this run
+    + checkout_changes: the checkout moves to another commit earlier in this run
+    + force: reinstall anyway
+    """
+    dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python)
+    verl = dists.get("verl")
+    here = verl is not None and (verl.editable or "").rstrip("/") == checkout.rstrip("/")
+    if here and same_version(verl.version, version) and not (checkout_changes or force):
+        host.noop(f"verl {version} installed (editable) from {checkout}")
+        return
+    if verl is not None and not here:
+        host.log(f"verl {verl.version} installed from {verl.editable or 'a wheel'}: replacing")
+    yield pip_command(
+        python,
+        "install --no-deps --no-build-isolation -e",
+        QuoteString(checkout),
+    )
+    yield StringCommand(
+        QuoteString(python),
+        "-c",
+        QuoteString(
+            "import importlib.metadata as m, sys; v = m.version('verl'); "
+            f"sys.exit(0 if v == {version!r} else 'verl %s installed, expected {version}' % v)"
+        ),
+    )

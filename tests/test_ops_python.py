@@ -1,0 +1,420 @@
+"""Python-layer operations: facts in, commands out (tests/opharness.py)."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+from pyinfra.facts.files import Directory, File
+from pyinfra.facts.server import Groups, Os, Users, Which
+
+from facts.python_env import (
+    CondaInstall,
+    CondaState,
+    Dist,
+    EnvDistributions,
+    EnvPython,
+    EnvPythonState,
+    GitCheckout,
+    GitState,
+    MarkerText,
+    VerlPatchCheck,
+)
+from operations import apex, conda, torch, training_user, verl
+from tests.opharness import at, run_op
+
+PREFIX = "/home/verl/miniconda3"
+PY = f"{PREFIX}/envs/verl-p40/bin/python"
+ENV = f"{PREFIX}/envs/verl-p40"
+COMMIT = "8fdc4d3f202f41461f4de9f42a637228e342668b"
+USER_FACTS = {Os: "Linux", Which: "/usr/sbin/useradd", Groups: [], File: None}
+
+
+# -- training user -------------------------------------------------------------------------
+
+
+def _user(facts):
+    return run_op(
+        training_user.training_user,
+        user="verl",
+        uid=2001,
+        home="/home/verl",
+        facts={**USER_FACTS, **facts},
+    )
+
+
+def test_user_created_with_fixed_uid_and_home_from_skel():
+    result = _user({Users: {}, Directory: None})
+    assert result.commands[0] == "groupadd verl --gid 2001"
+    useradd = result.commands[1]
+    assert useradd.startswith("useradd ") and useradd.endswith(" verl")
+    assert "--uid 2001" in useradd and "-s /bin/bash" in useradd and "-m" in useradd.split()
+
+
+def test_user_after_reinstall_reuses_existing_home():
+    result = _user({Users: {}, Directory: {"user": 2001, "group": 2001, "mode": 755}})
+    useradd = next(c for c in result.commands if c.startswith("useradd"))
+    assert "-M" in useradd.split() and "-m" not in useradd.split()
+    assert not any("rm " in c for c in result.commands)
+
+
+def test_user_with_other_uid_is_refused():
+    users = {"verl": {"uid": 1500, "home": "/home/verl", "shell": "/bin/bash", "group": "verl"}}
+    result = _user({Users: users, Directory: None})
+    assert result.commands == ["function _fail"] and "uid 1500" in result.failures[0]
+
+
+# -- miniconda / ToS / env -----------------------------------------------------------------
+
+
+def test_miniconda_fresh_broken_healthy():
+    inst = "/var/cache/p40fleet/Miniconda3.sh"
+    fresh = run_op(
+        conda.miniconda, installer=inst, prefix=PREFIX, facts={CondaInstall: CondaState("missing")}
+    )
+    assert fresh.commands == [f"bash {inst} -b -p {PREFIX}"]
+    broken = run_op(
+        conda.miniconda, installer=inst, prefix=PREFIX, facts={CondaInstall: CondaState("broken")}
+    )
+    assert broken.commands == [f"bash {inst} -b -u -p {PREFIX}"]
+    ok = run_op(
+        conda.miniconda,
+        installer=inst,
+        prefix=PREFIX,
+        facts={CondaInstall: CondaState("healthy", "24.11.1")},
+    )
+    assert not ok.changed and ok.noops
+
+
+def test_tos_accept_once():
+    todo = run_op(
+        conda.conda_tos,
+        prefix=PREFIX,
+        facts={CondaInstall: CondaState("healthy"), MarkerText: None},
+    )
+    assert todo.commands[:2] == [
+        f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/main",
+        f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/r",
+    ]
+    done = run_op(
+        conda.conda_tos,
+        prefix=PREFIX,
+        facts={CondaInstall: CondaState("healthy"), MarkerText: "\n".join(conda.TOS_CHANNELS)},
+    )
+    assert not done.changed
+    forge = run_op(conda.conda_tos, prefix=PREFIX, policy="conda-forge")
+    assert not forge.changed
+
+
+def _env(state, **kw):
+    return run_op(
+        conda.env,
+        prefix=PREFIX,
+        env_name="verl-p40",
+        python_version="3.10.12",
+        facts={EnvPython: state},
+        **kw,
+    )
+
+
+def test_healthy_env_kept():
+    result = _env(EnvPythonState("ok", "3.10.12"))
+    assert not result.changed and "healthy" in result.noops[0]
+
+
+def test_env_missing_created_with_channels():
+    result = _env(EnvPythonState("missing"), channels=conda.channel_args("conda-forge"))
+    assert result.commands == [
+        f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y --override-channels -c conda-forge"
+    ]
+
+
+def test_deleted_env_python_removes_and_recreates_saying_why():
+    result = _env(EnvPythonState("broken", detail="No such file or directory"))
+    assert result.commands[0] == f"{PREFIX}/bin/conda env remove -n verl-p40 -y"
+    assert result.commands[-1] == f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y"
+    assert "broken" in result.logs[0]
+
+
+def test_wrong_python_version_recreates():
+    result = _env(EnvPythonState("ok", "3.11.2"))
+    assert "env remove" in result.commands[0] and "3.11.2" in result.logs[0]
+
+
+# -- torch ---------------------------------------------------------------------------------
+
+
+def _torch(dists, **kw):
+    return run_op(
+        torch.torch,
+        python=PY,
+        version="2.6.0+cu118",
+        torchvision="0.21.0+cu118",
+        torchaudio="2.6.0+cu118",
+        index_args=["--index-url", "http://m/simple"],
+        facts={EnvDistributions: dists},
+        **kw,
+    )
+
+
+def test_torch_at_pin_is_noop():
+    dists = {
+        "torch": Dist("2.6.0+cu118"),
+        "torchvision": Dist("0.21.0+cu118"),
+        "torchaudio": Dist("2.6.0+cu118"),
+    }
+    assert not _torch(dists).changed
+
+
+def test_torch_installs_trio_from_index():
+    result = _torch({"torch": Dist("2.5.1+cu118")})
+    assert result.commands == [
+        f"{PY} -m pip --disable-pip-version-check install --index-url http://m/simple "
+        "torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118"
+    ]
+
+
+def test_torch_lab_without_vision_audio_and_fresh_env():
+    result = run_op(
+        torch.torch,
+        python=PY,
+        version="2.13.0+cpu",
+        torchvision=None,
+        torchaudio=None,
+        fresh_env=True,
+    )
+    assert result.commands[0].endswith("install torch==2.13.0+cpu")
+
+
+# -- apex ----------------------------------------------------------------------------------
+
+
+def test_arch_list_only_present_arches():
+    assert apex.arch_list([(6, 1)] * 4) == "6.1"
+    assert apex.arch_list([(6, 1), (6, 0), (6, 1)]) == "6.0;6.1"
+
+
+def test_max_jobs_rule():
+    gib = 1024**3
+    assert apex.max_jobs(16, 32 * gib) == 8  # memory-bound: 32 GiB // 4
+    assert apex.max_jobs(4, 128 * gib) == 4  # cpu-bound
+    assert apex.max_jobs(8, 2 * gib) == 1  # at least one
+    assert apex.max_jobs(None, None) == 1
+
+
+def test_cuda_ext_from_torch_pin():
+    assert apex.cuda_ext_default("2.6.0+cu118") is True
+    assert apex.cuda_ext_default("2.13.0+cpu") is False
+
+
+def _build(**kw):
+    base = dict(
+        ref="25.09",
+        commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
+        torch="2.6.0+cu118",
+        cuda="11.8.0",
+        arch_list="6.1",
+        python="3.10",
+        cuda_ext=True,
+    )
+    return apex.ApexBuild(**{**base, **kw})
+
+
+def test_build_key_changes_with_inputs():
+    key = _build().key
+    assert key == "25.09-4bdecd06b3c4_torch2.6.0+cu118_cuda11.8.0_sm6.1_py3.10_cpp+cuda"
+    assert _build(arch_list="6.0;6.1").key != key and _build(torch="2.6.1+cu118").key != key
+
+
+def test_choose_builders_one_host_per_key():
+    builders = apex.choose_builders(
+        [("lab1", "A"), ("lab2", "A"), ("lab3", "B"), ("lab4", "A"), ("lab5", "B")]
+    )
+    assert builders == {"A": "lab1", "B": "lab3"}
+
+
+def _build_op(cuda_ext=True, tar=None):
+    return run_op(
+        apex.build_wheel,
+        python=PY,
+        remote="http://m/git/apex.git",
+        ref="25.09",
+        commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
+        work_dir="/w",
+        cuda_home="/usr/local/cuda-11.8",
+        arch_list="6.0;6.1",
+        max_jobs=6,
+        cuda_ext=cuda_ext,
+        facts={File: tar},
+    )
+
+
+def test_build_wheel_flags():
+    result = _build_op()
+    build = next(c for c in result.commands if " wheel " in c)
+    assert "CUDA_HOME=/usr/local/cuda-11.8" in build
+    assert "'TORCH_CUDA_ARCH_LIST=6.0;6.1'" in build and "MAX_JOBS=6" in build
+    for flag in ("--no-build-isolation", "--no-deps", "-w /w/wheels"):
+        assert flag in build
+    assert "--config-settings --build-option=--cpp_ext" in build
+    assert "--config-settings --build-option=--cuda_ext" in build
+    assert any("git clone --quiet http://m/git/apex.git /w/src" == c for c in result.commands)
+    assert any("4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49" in c for c in result.commands)
+    assert result.commands[-1].endswith("/w/apex-wheel.tar")
+
+
+def test_build_wheel_cpu_torch_has_no_cuda_ext_and_built_is_noop():
+    assert "--cuda_ext" not in " ".join(_build_op(cuda_ext=False).commands)
+    assert not _build_op(tar={"size": 1}).changed
+
+
+def _install(recorded, dists, **kw):
+    return run_op(
+        apex.install,
+        python=PY,
+        wheel_tar="/w/apex-wheel.tar",
+        key="K",
+        env_dir=ENV,
+        facts={MarkerText: recorded, EnvDistributions: dists},
+        **kw,
+    )
+
+
+def test_apex_key_matches_is_noop():
+    assert not _install("K", {"apex": Dist("0.1")}).changed
+
+
+def test_apex_install_no_deps_and_records_key():
+    result = _install("OLD", {"apex": Dist("0.1")})
+    assert (
+        "install --no-deps --force-reinstall /w/apex-wheel.tar.d/apex-*.whl" in result.commands[1]
+    )
+    assert result.commands[-1] == f"printf '%s\\n' K > {ENV}/.p40fleet-apex-key"
+    assert _install("K", {"apex": Dist("0.1")}, fresh_env=True).changed
+
+
+def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
+    missing = str(tmp_path / "none.tar")
+    result = run_op(
+        apex.put_wheel,
+        local_tar=missing,
+        remote_tar="/w/apex-wheel.tar",
+        user="verl",
+        builder="lab1",
+        facts={File: None, Directory: None},
+        default_facts=True,
+    )
+    assert result.commands[0] == "function _refuse"
+    assert "upload /w/apex-wheel.tar" in result.commands
+    assert (
+        result.functions[0].function(None, SimpleNamespace(log_styled=lambda *a, **k: None))
+        is False
+    )
+
+
+def test_controller_wheel_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
+    assert apex.controller_wheel("K") == os.path.join(str(tmp_path), "apex", "K", "apex-wheel.tar")
+
+
+# -- verl ----------------------------------------------------------------------------------
+
+REMOTE = "http://m/git/verl.git"
+
+
+def _checkout(state):
+    return run_op(
+        verl.checkout,
+        path="/home/verl/verl",
+        remote=REMOTE,
+        ref="v0.5.0",
+        commit=COMMIT,
+        facts={GitCheckout: state},
+    )
+
+
+def test_verl_checkout_at_ref_is_noop():
+    assert not _checkout(GitState(True, True, COMMIT, REMOTE)).changed
+
+
+def test_verl_fresh_clone_and_verify():
+    result = _checkout(GitState(False))
+    assert result.commands[0] == f"git clone --quiet {REMOTE} /home/verl/verl"
+    assert "checkout --quiet -f 'v0.5.0^{commit}'" in result.commands[1]
+    assert COMMIT in result.commands[2]
+
+
+def test_verl_ref_change_guards_local_edits():
+    state = GitState(True, True, "0" * 40, REMOTE, ("verl/workers/actor/dp_actor.py",))
+    result = _checkout(state)
+    assert "fetch --quiet --tags --force origin" in result.commands[0]
+    assert (
+        result.commands[1].startswith("python3 -c")
+        and ".p40fleet-patches.json" in result.commands[1]
+    )
+    assert "checkout --quiet -f" in result.commands[2]
+
+
+def _patch(check, tmp_path, moving=False):
+    script = tmp_path / "verl_patch.py"
+    script.write_text("print()\n")
+    return run_op(
+        verl.patch,
+        python=PY,
+        checkout="/home/verl/verl",
+        script_src=str(script),
+        rules_json='{"rules": []}',
+        work_dir="/c/verl-patch",
+        user="verl",
+        checkout_changes=moving,
+        facts={VerlPatchCheck: check},
+        default_facts=True,
+    )
+
+
+def test_verl_patched_is_noop_and_unpatched_applies(tmp_path):
+    done = _patch("100", tmp_path)
+    assert not any("--rules" in c for c in done.commands) and "already applied" in done.noops[-1]
+    todo = _patch("0", tmp_path)
+    apply = todo.commands[-1]
+    assert "--rules /c/verl-patch/rules-" in apply and "--checkout /home/verl/verl" in apply
+    assert "3) echo" in apply and "local edits" in apply
+    assert any("--rules" in c for c in _patch("100", tmp_path, moving=True).commands)
+
+
+def _install_verl(dists, **kw):
+    return run_op(
+        verl.install,
+        python=PY,
+        checkout="/home/verl/verl",
+        version="0.5.0",
+        facts={EnvDistributions: dists},
+        **kw,
+    )
+
+
+def test_verl_installed_editable_is_noop_else_no_deps_editable():
+    assert not _install_verl({"verl": Dist("0.5.0", "/home/verl/verl")}).changed
+    result = _install_verl({"verl": Dist("0.5.0", None)})
+    assert "install --no-deps --no-build-isolation -e /home/verl/verl" in result.commands[0]
+    assert _install_verl({"verl": Dist("0.5.0", "/home/verl/verl")}, checkout_changes=True).changed
+
+
+def test_verl_requirements_recorded_sha(tmp_path):
+    req = tmp_path / "req.txt"
+    req.write_text("numpy==1.26.4\n")
+    import hashlib
+
+    digest = hashlib.sha256(req.read_bytes()).hexdigest()
+    kw = dict(
+        python=PY,
+        src=str(req),
+        dest="/c/req.txt",
+        env_dir=ENV,
+        index_args=["--index-url", "http://m/simple"],
+    )
+    done = run_op(verl.requirements, facts={MarkerText: digest}, default_facts=True, **kw)
+    assert not any("-r" in c.split() for c in done.commands)
+    todo = run_op(verl.requirements, facts={MarkerText: "old"}, default_facts=True, **kw)
+    assert f"install --index-url http://m/simple -r /c/req.txt" in todo.commands[-2]
+    assert digest in todo.commands[-1]
