@@ -21,7 +21,7 @@ from facts.python_env import (
     VerlPatchCheck,
 )
 from operations import apex, conda, torch, training_user, verl
-from tests.opharness import at, run_op
+from tests.opharness import run_op
 
 PREFIX = "/home/verl/miniconda3"
 PY = f"{PREFIX}/envs/verl-p40/bin/python"
@@ -125,7 +125,8 @@ def test_healthy_env_kept():
 def test_env_missing_created_with_channels():
     result = _env(EnvPythonState("missing"), channels=conda.channel_args("conda-forge"))
     assert result.commands == [
-        f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y --override-channels -c conda-forge"
+        f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y "
+        "--override-channels -c conda-forge"
     ]
 
 
@@ -416,5 +417,5 @@ def test_verl_requirements_recorded_sha(tmp_path):
     done = run_op(verl.requirements, facts={MarkerText: digest}, default_facts=True, **kw)
     assert not any("-r" in c.split() for c in done.commands)
     todo = run_op(verl.requirements, facts={MarkerText: "old"}, default_facts=True, **kw)
-    assert f"install --index-url http://m/simple -r /c/req.txt" in todo.commands[-2]
+    assert "install --index-url http://m/simple -r /c/req.txt" in todo.commands[-2]
     assert digest in todo.commands[-1]
