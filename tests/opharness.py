@@ -8,15 +8,16 @@ anywhere) and ``host.noop``/``host.log`` are recorded.
 Usage::
 
     from tests.opharness import at, run_op
-    from facts.system import GccMajor, PathFreeBytes
+    from facts.host import FreeSpace
+    from facts.system import CudaToolkit, GccMajor
 
     result = run_op(
         cuda.toolkit,                       # the decorated operation (or its ._inner)
-        runfile="/var/cache/p40fleet/cuda.run",
+        runfile="/var/cache/p40fleet/cuda.run", version="11.8.0", ...,   # the op's arguments
         facts={
-            GccMajor: 11,                               # any arguments
-            at(PathFreeBytes, path="/var/cache/p40fleet"): 10**10,   # only these arguments
-            at(File, path="/etc/x"): lambda path: None,  # callables get the fact's arguments
+            GccMajor: 11,                                        # asked with any arguments
+            at(FreeSpace, path="/var/cache/p40fleet"): info,     # only with these arguments
+            CudaToolkit: lambda cuda_dir: CudaInstall(),         # called with the arguments
         },
         data={"stack": {...}},              # host data (optional)
     )
@@ -33,8 +34,9 @@ Strings in ``commands``:
 * ``FileUploadCommand`` -> ``"upload <dest>"``; its text in ``result.uploads[dest]``;
 * ``FunctionCommand`` -> ``"function <name>"`` (``result.functions`` holds the objects).
 
-Facts a test does not provide raise :class:`MissingFact` (naming the fact and its arguments),
-so a test always states what the host looks like. Pass ``default_facts=True`` to answer
+A key made with ``at()`` wins over a bare class key. Facts a test does not provide raise
+:class:`MissingFact` (naming the fact and its arguments), so a test always states what the
+host looks like. Pass ``default_facts=True`` to answer
 missing ones with the fact's ``default()`` instead.
 
 Fact arguments are matched after binding them to the fact's ``command`` signature, so

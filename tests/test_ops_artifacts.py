@@ -12,7 +12,7 @@ from facts.host import FreeSpace, FreeSpaceInfo
 from facts.system import ArtifactFile, ArtifactState
 from operations import artifacts
 from p40fleet.spec import load_spec
-from tests.opharness import at, run_op
+from tests.opharness import MissingFact, at, run_op
 
 CACHE = "/var/cache/p40fleet"
 MIRROR = "http://10.231.0.1:8111/artifacts"
@@ -171,3 +171,34 @@ def test_sum_mismatch_deletes_the_part_and_names_file_sums_and_remedy(tmp_path, 
     assert "sha256 mismatch for thing.run" in out.stderr
     assert f"expected {SUM}, got {digest}" in out.stderr
     assert "Remedy:" in out.stderr
+
+
+# --- the harness itself (tests/opharness.py) -------------------------------------------------
+
+
+def test_harness_missing_fact_is_named():
+    with pytest.raises(MissingFact, match=r"ArtifactState\(path='/c/y.run'\)"):
+        run_op(artifacts.fetch, url="http://x/y.run", sha256=SUM, dest_dir="/c")
+
+
+def test_harness_specific_key_wins_and_callables_get_arguments():
+    seen = []
+
+    def state(path):
+        seen.append(path)
+        return ArtifactFile()
+
+    r = run_op(
+        artifacts.fetch,
+        url="http://x/y.run",
+        sha256=SUM,
+        dest_dir="/c",
+        size=100,
+        facts={
+            ArtifactState: state,
+            FreeSpace: space(10**9),
+            at(FreeSpace, path="/c"): space(10),
+        },
+    )
+    assert seen == ["/c/y.run"]
+    assert r.commands == ["function _fail"] and r.changed
