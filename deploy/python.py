@@ -119,7 +119,9 @@ def requirements_variant(spec: StackSpec) -> str:
 def deploy(spec: StackSpec) -> None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
-    as_user = {"_su_user": user.name}
+    # Commands run as the training user (su); facts run as the connecting user, because on a
+    # fresh host the training user does not exist yet while facts are gathered.
+    as_user = {"user": user.name}
     python = env_python(env.conda_prefix, env.name)
     the_env = env_dir(env.conda_prefix, env.name)
     cache = f"{user.home}/.cache/p40fleet"
@@ -250,7 +252,6 @@ def deploy(spec: StackSpec) -> None:
         script_src=os.path.join(FILES, "verl_patch.py"),
         rules_json=verl_ruleset_json(spec, summary.profile),
         work_dir=f"{cache}/verl-patch",
-        user=user.name,
         checkout_changes=moving,
         **as_user,
     )

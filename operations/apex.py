@@ -34,6 +34,7 @@ from pyinfra.operations import files
 
 from facts.python_env import EnvDistributions, MarkerText
 from operations.torch import pip_command
+from operations.training_user import as_user
 
 __all__ = [
     "KEY_FILE",
@@ -136,6 +137,7 @@ def build_wheel(
     arch_list: str,
     max_jobs: int,
     cuda_ext: bool,
+    user: str | None = None,
 ):
     """
     Clone apex at ``ref`` (verified = ``commit``) and build one wheel into ``WORK/apex-wheel.tar``.
@@ -149,6 +151,7 @@ def build_wheel(
     + arch_list: TORCH_CUDA_ARCH_LIST, only the arches present
     + max_jobs: MAX_JOBS for the compiler (see :func:`max_jobs`)
     + cuda_ext: build the CUDA extensions too
+    + user: run the commands as this user (``su``); None = as connected
     """
     tar = f"{work_dir}/{WHEEL_TAR}"
     if host.get_fact(File, path=tar):
@@ -156,56 +159,71 @@ def build_wheel(
         return
     src, wheels, log = f"{work_dir}/src", f"{work_dir}/wheels", f"{work_dir}/build.log"
     q_src = QuoteString(src)
-    yield StringCommand("rm -rf", q_src, QuoteString(wheels), "&& mkdir -p", QuoteString(wheels))
-    yield StringCommand("git clone --quiet", QuoteString(remote), q_src)
-    yield StringCommand(
-        "git -C", q_src, "-c advice.detachedHead=false checkout --quiet", QuoteString(ref)
+    yield as_user(
+        user,
+        StringCommand("rm -rf", q_src, QuoteString(wheels), "&& mkdir -p", QuoteString(wheels)),
     )
-    yield StringCommand(
-        "head=$(git -C",
-        q_src,
-        'rev-parse HEAD) && [ "$head" =',
-        QuoteString(commit),
-        "] || { echo",
-        QuoteString(f"apex: {ref} is at"),
-        '"$head"',
-        QuoteString(f"but the spec pins {commit}: fix stack.apex.ref/commit"),
-        ">&2; exit 1; }",
+    yield as_user(user, StringCommand("git clone --quiet", QuoteString(remote), q_src))
+    yield as_user(
+        user,
+        StringCommand(
+            "git -C", q_src, "-c advice.detachedHead=false checkout --quiet", QuoteString(ref)
+        ),
+    )
+    yield as_user(
+        user,
+        StringCommand(
+            "head=$(git -C",
+            q_src,
+            'rev-parse HEAD) && [ "$head" =',
+            QuoteString(commit),
+            "] || { echo",
+            QuoteString(f"apex: {ref} is at"),
+            '"$head"',
+            QuoteString(f"but the spec pins {commit}: fix stack.apex.ref/commit"),
+            ">&2; exit 1; }",
+        ),
     )
     build_options = ["--cpp_ext"] + (["--cuda_ext"] if cuda_ext else [])
     settings: list[str | QuoteString] = []
     for option in build_options:
         settings += ["--config-settings", QuoteString(f"--build-option={option}")]
-    yield StringCommand(
-        "cd",
-        q_src,
-        "&& env",
-        QuoteString(f"CUDA_HOME={cuda_home}"),
-        QuoteString(f"TORCH_CUDA_ARCH_LIST={arch_list}"),
-        QuoteString(f"MAX_JOBS={max_jobs}"),
-        pip_command(
-            python,
-            "wheel -v --no-cache-dir --no-build-isolation --no-deps -w",
-            QuoteString(wheels),
-            *settings,
-            "./",
+    yield as_user(
+        user,
+        StringCommand(
+            "cd",
+            q_src,
+            "&& env",
+            QuoteString(f"CUDA_HOME={cuda_home}"),
+            QuoteString(f"TORCH_CUDA_ARCH_LIST={arch_list}"),
+            QuoteString(f"MAX_JOBS={max_jobs}"),
+            pip_command(
+                python,
+                "wheel -v --no-cache-dir --no-build-isolation --no-deps -w",
+                QuoteString(wheels),
+                *settings,
+                "./",
+            ),
+            ">",
+            QuoteString(log),
+            "2>&1 || { tail -n 40",
+            QuoteString(log),
+            "; echo",
+            QuoteString(f"apex build failed, full log: {log}"),
+            ">&2; exit 1; }",
         ),
-        ">",
-        QuoteString(log),
-        "2>&1 || { tail -n 40",
-        QuoteString(log),
-        "; echo",
-        QuoteString(f"apex build failed, full log: {log}"),
-        ">&2; exit 1; }",
     )
-    yield StringCommand(
-        "cd",
-        QuoteString(wheels),
-        "&& tar -cf",
-        QuoteString(f"{tar}.part"),
-        "apex-*.whl && mv",
-        QuoteString(f"{tar}.part"),
-        QuoteString(tar),
+    yield as_user(
+        user,
+        StringCommand(
+            "cd",
+            QuoteString(wheels),
+            "&& tar -cf",
+            QuoteString(f"{tar}.part"),
+            "apex-*.whl && mv",
+            QuoteString(f"{tar}.part"),
+            QuoteString(tar),
+        ),
     )
 
 
@@ -266,6 +284,7 @@ def install(
     verify: str = "import torch, apex, apex_C",
     fresh_env: bool = False,
     force: bool = False,
+    user: str | None = None,
 ):
     """
     ``pip install --no-deps`` the wheel in ``wheel_tar``; record ``key`` in the env.
@@ -278,6 +297,7 @@ def install(
       importing FusedLayerNorm proves nothing, its import is lazy)
     + fresh_env: the env is (re)created earlier in this run: ignore what the facts saw
     + force: reinstall even when the key matches
+    + user: run the commands as this user (``su``); None = as connected
     """
     key_file = f"{env_dir.rstrip('/')}/{KEY_FILE}"
     if not fresh_env and not force:
@@ -289,19 +309,27 @@ def install(
         if recorded and recorded != key:
             host.log(f"apex installed at build key {recorded}, the spec needs {key}")
     unpacked = f"{wheel_tar}.d"
-    yield StringCommand(
-        "rm -rf",
-        QuoteString(unpacked),
-        "&& mkdir -p",
-        QuoteString(unpacked),
-        "&& tar -xf",
-        QuoteString(wheel_tar),
-        "-C",
-        QuoteString(unpacked),
+    yield as_user(
+        user,
+        StringCommand(
+            "rm -rf",
+            QuoteString(unpacked),
+            "&& mkdir -p",
+            QuoteString(unpacked),
+            "&& tar -xf",
+            QuoteString(wheel_tar),
+            "-C",
+            QuoteString(unpacked),
+        ),
     )
-    yield StringCommand(
-        pip_command(python, "install --no-deps --force-reinstall"),
-        StringCommand(QuoteString(unpacked), "/apex-*.whl", _separator=""),
+    yield as_user(
+        user,
+        StringCommand(
+            pip_command(python, "install --no-deps --force-reinstall"),
+            StringCommand(QuoteString(unpacked), "/apex-*.whl", _separator=""),
+        ),
     )
-    yield StringCommand(QuoteString(python), "-c", QuoteString(verify))
-    yield StringCommand("printf '%s\\n'", QuoteString(key), ">", QuoteString(key_file))
+    yield as_user(user, StringCommand(QuoteString(python), "-c", QuoteString(verify)))
+    yield as_user(
+        user, StringCommand("printf '%s\\n'", QuoteString(key), ">", QuoteString(key_file))
+    )

@@ -18,6 +18,7 @@ from facts.python_env import (
     MarkerText,
     env_dir,
 )
+from operations.training_user import as_user
 
 __all__ = [
     "TOS_CHANNELS",
@@ -48,13 +49,14 @@ def channel_args(conda_tos: str) -> list[str]:
 
 
 @operation()
-def miniconda(installer: str, prefix: str, force: bool = False):
+def miniconda(installer: str, prefix: str, force: bool = False, user: str | None = None):
     """
     Install Miniconda from a verified installer when ``PREFIX/bin/conda`` is missing or broken.
 
     + installer: path of the (sha256-verified) installer on the host
     + prefix: install prefix
     + force: reinstall in place (``-u``) even when conda runs
+    + user: run the commands as this user (``su``); None = as connected
     """
     state = host.get_fact(CondaInstall, prefix=prefix)
     if state.healthy and not force:
@@ -66,16 +68,17 @@ def miniconda(installer: str, prefix: str, force: bool = False):
         host.log(f"conda at {prefix} is {state.state}: reinstalling in place (-u)")
         args.append("-u")
     args += ["-p", QuoteString(prefix)]
-    yield StringCommand(*args)
+    yield as_user(user, StringCommand(*args))
 
 
 @operation()
-def conda_tos(prefix: str, policy: str = "accept"):
+def conda_tos(prefix: str, policy: str = "accept", user: str | None = None):
     """
     Accept Anaconda's ToS for the default channels once (policy ``accept``).
 
     + prefix: Miniconda prefix
     + policy: ``accept`` or ``conda-forge`` (nothing to accept: creates use conda-forge)
+    + user: run the commands as this user (``su``); None = as connected
     """
     if policy != "accept":
         host.noop(f"conda ToS policy {policy}: env is created from conda-forge")
@@ -89,13 +92,19 @@ def conda_tos(prefix: str, policy: str = "accept"):
         host.noop("Anaconda ToS already accepted for pkgs/main and pkgs/r")
         return
     for channel in missing:
-        yield StringCommand(
-            QuoteString(_conda(prefix)),
-            "tos accept --override-channels --channel",
-            QuoteString(channel),
+        yield as_user(
+            user,
+            StringCommand(
+                QuoteString(_conda(prefix)),
+                "tos accept --override-channels --channel",
+                QuoteString(channel),
+            ),
         )
-    yield StringCommand(
-        "printf '%s\\n'", *(QuoteString(c) for c in TOS_CHANNELS), ">", QuoteString(marker)
+    yield as_user(
+        user,
+        StringCommand(
+            "printf '%s\\n'", *(QuoteString(c) for c in TOS_CHANNELS), ">", QuoteString(marker)
+        ),
     )
 
 
@@ -122,6 +131,7 @@ def env(
     python_version: str,
     channels: list[str] | None = None,
     force: bool = False,
+    user: str | None = None,
 ):
     """
     Create conda env ``name`` with ``python=python_version``; keep it while healthy.
@@ -131,6 +141,7 @@ def env(
     + python_version: exact X.Y.Z the env's python must report
     + channels: extra create arguments, e.g. ``["--override-channels", "-c", "conda-forge"]``
     + force: remove and recreate even a healthy env
+    + user: run the commands as this user (``su``); None = as connected
 
     A missing or non-running python, or the wrong version, means remove + create (the reason is
     logged); a healthy env at the pinned version is kept.
@@ -144,14 +155,17 @@ def env(
     conda = QuoteString(_conda(prefix))
     if state.state != "missing":
         host.log(f"recreating env {name}: {reason or 'forced by policy.force_reinstall'}")
-        yield StringCommand(conda, "env remove -n", QuoteString(name), "-y")
+        yield as_user(user, StringCommand(conda, "env remove -n", QuoteString(name), "-y"))
         # conda leaves files it did not install (pip caches, markers): start clean.
-        yield StringCommand("rm -rf", QuoteString(env_dir(prefix, name)))
-    yield StringCommand(
-        conda,
-        "create -n",
-        QuoteString(name),
-        QuoteString(f"python={python_version}"),
-        "-y",
-        *(QuoteString(arg) for arg in channels or []),
+        yield as_user(user, StringCommand("rm -rf", QuoteString(env_dir(prefix, name))))
+    yield as_user(
+        user,
+        StringCommand(
+            conda,
+            "create -n",
+            QuoteString(name),
+            QuoteString(f"python={python_version}"),
+            "-y",
+            *(QuoteString(arg) for arg in channels or []),
+        ),
     )

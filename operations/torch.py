@@ -7,6 +7,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.python_env import EnvDistributions
+from operations.training_user import as_user
 
 __all__ = ["pip_command", "same_version", "torch"]
 
@@ -35,6 +36,7 @@ def torch(
     index_args: list[str] | None = None,
     fresh_env: bool = False,
     force: bool = False,
+    user: str | None = None,
 ):
     """
     Install ``torch==version`` (+ torchvision, torchaudio when pinned) into an env.
@@ -46,6 +48,7 @@ def torch(
     + index_args: pip arguments choosing the index (``spec.pip_index_args()``)
     + fresh_env: the env is (re)created earlier in this run: ignore what the fact saw
     + force: reinstall even when the pins are installed
+    + user: run the commands as this user (``su``); None = as connected
     """
     pins = {"torch": version, "torchvision": torchvision, "torchaudio": torchaudio}
     pins = {name: pin for name, pin in pins.items() if pin}
@@ -62,10 +65,13 @@ def torch(
         if name in installed:
             host.log(f"{name} {installed[name].version} installed, the spec pins {pin}")
     # Install the whole trio together even if only one is off: they must match each other.
-    yield pip_command(
-        python,
-        "install",
-        *(["--force-reinstall"] if force else []),
-        *(QuoteString(arg) for arg in index_args or []),
-        *(QuoteString(f"{name}=={pin}") for name, pin in pins.items()),
+    yield as_user(
+        user,
+        pip_command(
+            python,
+            "install",
+            *(["--force-reinstall"] if force else []),
+            *(QuoteString(arg) for arg in index_args or []),
+            *(QuoteString(f"{name}=={pin}") for name, pin in pins.items()),
+        ),
     )

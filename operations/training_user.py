@@ -8,14 +8,14 @@ as is (``useradd -M``): never recreated from the skeleton, never wiped.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import server
 
 from operations.preflight import refuse
 
-__all__ = ["training_user"]
+__all__ = ["as_user", "training_user"]
 
 
 @operation()
@@ -67,3 +67,14 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
         create_home=not home_exists,
         ensure_home=True,
     )
+
+
+def as_user(user: str | None, command: StringCommand) -> StringCommand:
+    """``command`` run as ``user`` through ``su`` (unchanged when ``user`` is None).
+
+    Used instead of pyinfra's ``_su_user`` so that facts keep running as the connecting user:
+    on a fresh host the training user does not exist yet while facts are gathered.
+    """
+    if not user:
+        return command
+    return StringCommand("su -s /bin/sh", QuoteString(user), "-c", QuoteString(command))

@@ -18,6 +18,7 @@ from pyinfra.operations import files
 from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
 from operations.preflight import refuse
 from operations.torch import pip_command, same_version
+from operations.training_user import as_user
 
 __all__ = [
     "PATCH_EXIT",
@@ -62,7 +63,7 @@ if edits:
 
 
 @operation()
-def checkout(path: str, remote: str, ref: str, commit: str):
+def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = None):
     """
     Clone ``remote`` into ``path`` and check out ``ref``, which must resolve to ``commit``.
 
@@ -70,6 +71,7 @@ def checkout(path: str, remote: str, ref: str, commit: str):
     + remote: git remote (``spec.git_remote("verl")``)
     + ref: tag/branch to check out
     + commit: the commit HEAD must be at
+    + user: run the commands as this user (``su``); None = as connected
 
     At another commit: fetch, then check out the new ref, dropping only our own recorded
     patches; local edits stop the host with their file names, never clobbered.
@@ -85,36 +87,46 @@ def checkout(path: str, remote: str, ref: str, commit: str):
         return
     if state.is_repo and state.head == commit:
         if state.origin and state.origin != remote:
-            yield StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
+            yield as_user(
+                user, StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
+            )
         else:
             host.noop(f"verl checkout at {ref} ({commit[:12]})")
         return
     if not state.exists:
-        yield StringCommand("git clone --quiet", QuoteString(remote), q_path)
+        yield as_user(user, StringCommand("git clone --quiet", QuoteString(remote), q_path))
     else:
         host.log(f"verl checkout at {(state.head or '?')[:12]}, moving to {ref} ({commit[:12]})")
         if state.origin != remote:
-            yield StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
-        yield StringCommand("git -C", q_path, "fetch --quiet --tags --force origin")
+            yield as_user(
+                user, StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
+            )
+        yield as_user(user, StringCommand("git -C", q_path, "fetch --quiet --tags --force origin"))
         if state.modified:
-            yield StringCommand("python3 -c", QuoteString(_ONLY_OUR_PATCHES), q_path)
+            yield as_user(user, StringCommand("python3 -c", QuoteString(_ONLY_OUR_PATCHES), q_path))
     # -f only drops changes the guard above proved to be our recorded patches.
-    yield StringCommand(
-        "git -C",
-        q_path,
-        "-c advice.detachedHead=false checkout --quiet -f",
-        QuoteString(f"{ref}^{{commit}}"),
+    yield as_user(
+        user,
+        StringCommand(
+            "git -C",
+            q_path,
+            "-c advice.detachedHead=false checkout --quiet -f",
+            QuoteString(f"{ref}^{{commit}}"),
+        ),
     )
-    yield StringCommand(
-        "head=$(git -C",
-        q_path,
-        'rev-parse HEAD) && [ "$head" =',
-        QuoteString(commit),
-        "] || { echo",
-        QuoteString(f"verl: {ref} is at"),
-        '"$head"',
-        QuoteString(f"but the spec pins {commit}: fix stack.verl.ref/commit"),
-        ">&2; exit 1; }",
+    yield as_user(
+        user,
+        StringCommand(
+            "head=$(git -C",
+            q_path,
+            'rev-parse HEAD) && [ "$head" =',
+            QuoteString(commit),
+            "] || { echo",
+            QuoteString(f"verl: {ref} is at"),
+            '"$head"',
+            QuoteString(f"but the spec pins {commit}: fix stack.verl.ref/commit"),
+            ">&2; exit 1; }",
+        ),
     )
 
 
@@ -155,20 +167,23 @@ def patch(
     if check == str(PATCH_EXIT["no-change"]) and not checkout_changes:
         host.noop("verl patch rules already applied")
         return
-    yield StringCommand(
-        QuoteString(python),
-        QuoteString(script),
-        "--rules",
-        QuoteString(rules),
-        "--checkout",
-        QuoteString(checkout),
-        "; rc=$?; case $rc in 0|100) exit 0;; 3) echo",
-        QuoteString(
-            f"verl checkout {checkout} has local edits in patched files (named above): "
-            "not overwriting them; save them elsewhere, restore the files with "
-            "'git checkout -- <files>' and re-run"
+    yield as_user(
+        user,
+        StringCommand(
+            QuoteString(python),
+            QuoteString(script),
+            "--rules",
+            QuoteString(rules),
+            "--checkout",
+            QuoteString(checkout),
+            "; rc=$?; case $rc in 0|100) exit 0;; 3) echo",
+            QuoteString(
+                f"verl checkout {checkout} has local edits in patched files (named above): "
+                "not overwriting them; save them elsewhere, restore the files with "
+                "'git checkout -- <files>' and re-run"
+            ),
+            ">&2;; esac; exit $rc",
         ),
-        ">&2;; esac; exit $rc",
     )
 
 
@@ -180,6 +195,7 @@ def requirements(
     env_dir: str,
     index_args: list[str] | None = None,
     fresh_env: bool = False,
+    user: str | None = None,
 ):
     """
     ``pip install -r`` verl's pinned import-time deps; skip when this file's sha256 is recorded.
@@ -190,6 +206,7 @@ def requirements(
     + env_dir: env dir (holds the recorded sha256)
     + index_args: pip index arguments (``spec.pip_index_args()``)
     + fresh_env: the env is (re)created earlier in this run
+    + user: run the commands as this user (``su``); None = as connected
     """
     with open(src, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
@@ -198,14 +215,19 @@ def requirements(
     if not fresh_env and host.get_fact(MarkerText, path=marker) == digest:
         host.noop(f"verl requirements {posixpath.basename(src)} already installed")
         return
-    yield pip_command(
-        python,
-        "install",
-        *(QuoteString(arg) for arg in index_args or []),
-        "-r",
-        QuoteString(dest),
+    yield as_user(
+        user,
+        pip_command(
+            python,
+            "install",
+            *(QuoteString(arg) for arg in index_args or []),
+            "-r",
+            QuoteString(dest),
+        ),
     )
-    yield StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
+    yield as_user(
+        user, StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
+    )
 
 
 @operation()
@@ -216,6 +238,7 @@ def install(
     fresh_env: bool = False,
     checkout_changes: bool = False,
     force: bool = False,
+    user: str | None = None,
 ):
     """
     ``pip install --no-deps -e CHECKOUT``; no-op when verl ``version`` is installed from there.
@@ -226,6 +249,7 @@ def install(
     + fresh_env: the env is (re)created earlier in this run
     + checkout_changes: the checkout moves to another commit earlier in this run
     + force: reinstall anyway
+    + user: run the commands as this user (``su``); None = as connected
     """
     dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python)
     verl = dists.get("verl")
@@ -235,16 +259,22 @@ def install(
         return
     if verl is not None and not here:
         host.log(f"verl {verl.version} installed from {verl.editable or 'a wheel'}: replacing")
-    yield pip_command(
-        python,
-        "install --no-deps --no-build-isolation -e",
-        QuoteString(checkout),
+    yield as_user(
+        user,
+        pip_command(
+            python,
+            "install --no-deps --no-build-isolation -e",
+            QuoteString(checkout),
+        ),
     )
-    yield StringCommand(
-        QuoteString(python),
-        "-c",
-        QuoteString(
-            "import importlib.metadata as m, sys; v = m.version('verl'); "
-            f"sys.exit(0 if v == {version!r} else 'verl %s installed, expected {version}' % v)"
+    yield as_user(
+        user,
+        StringCommand(
+            QuoteString(python),
+            "-c",
+            QuoteString(
+                "import importlib.metadata as m, sys; v = m.version('verl'); "
+                f"sys.exit(0 if v == {version!r} else 'verl %s installed, expected {version}' % v)"
+            ),
         ),
     )

@@ -419,3 +419,17 @@ def test_verl_requirements_recorded_sha(tmp_path):
     todo = run_op(verl.requirements, facts={MarkerText: "old"}, default_facts=True, **kw)
     assert "install --index-url http://m/simple -r /c/req.txt" in todo.commands[-2]
     assert digest in todo.commands[-1]
+
+
+def test_commands_run_as_training_user_through_su():
+    result = run_op(
+        conda.env,
+        prefix=PREFIX,
+        env_name="verl-p40",
+        python_version="3.10.12",
+        user="verl",
+        facts={EnvPython: EnvPythonState("missing")},
+    )
+    assert result.commands == [
+        f"su -s /bin/sh verl -c '{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y'"
+    ]
