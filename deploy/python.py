@@ -192,7 +192,7 @@ def deploy(spec: StackSpec) -> None:
     host_tar = posixpath.join(work, apex.WHEEL_TAR)
     local_tar = apex.controller_wheel(key)
     builder = apex_builders().get(key)
-    if needs_apex(host, spec, key):
+    if needs_apex(state.inventory.get_host(host.name), spec, key):
         if builder == host.name:
             apex.build_wheel(
                 name=f"Build the Apex wheel {key}",
