@@ -1,0 +1,19 @@
+"""Provision a P40 fleet for verl, in the seed's order.
+
+    pyinfra inventories/lab.py deploy/full.py          # a real lab
+    pyinfra -y inventories/sim.py deploy/full.py       # the simulated lab (make demo)
+    pyinfra inventories/sim.py deploy/full.py --dry    # what would change, changing nothing
+
+Facts are gathered as each step needs them; a second run changes nothing.
+"""
+
+from pyinfra import local
+
+# 1. Preflight: spec, GPUs (PCI ids, before any driver), OS, space, mirror — refusals first.
+local.include("deploy/preflight.py")
+# 2. System layer: nouveau out, driver 525, CUDA 11.8 toolkit, cuDNN 8.9.7 hard-linked.
+local.include("deploy/system.py")
+# 3. Python layer: training user, Miniconda + env, torch, Apex, verl patched + --no-deps.
+local.include("deploy/python.py")
+# 4. Verification: the three-line check and the rest, PASS / FAIL / SKIP per host.
+local.include("deploy/verify.py")

@@ -1,0 +1,96 @@
+"""Preflight decisions: everything that refuses a host, decided before any host is changed.
+
+Pure functions over facts already gathered, so they are unit-tested without hosts. The deploy
+``deploy/preflight.py`` gathers the facts and turns each ``Refusal`` into a failing operation
+for that host alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from p40fleet.profile import HostGpuSummary
+from p40fleet.spec import ARTIFACTS, StackSpec
+
+# The seed targets Ubuntu 20.04; CUDA 11.8 and R525 also support 22.04.
+SUPPORTED_OS = ("Ubuntu 20.04", "Ubuntu 22.04")
+# The CUDA runfile unpacks itself (~4.3 GB) into --tmpdir before installing.
+CUDA_UNPACK_FACTOR = 1.1
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One reason a host cannot be provisioned: the step, the cause and the fix."""
+
+    step: str
+    reason: str
+    remedy: str
+
+
+def _gib(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB"
+
+
+def gpu_refusal(summary: HostGpuSummary) -> Refusal | None:
+    """No GPU, an unknown one, a capability out of range or a GPU the driver branch lacks."""
+    if summary.ok:
+        return None
+    return Refusal(
+        step="GPU check",
+        reason=f"GPUs {summary.gpus_str}: {summary.refused}",
+        remedy="provision this host with another stack (or remove it from the inventory); "
+        "`pyinfra INVENTORY deploy/facts.py` shows what each host has",
+    )
+
+
+def os_refusal(os_label: str) -> Refusal | None:
+    """An OS the driver/CUDA pins are not meant for."""
+    if os_label in SUPPORTED_OS:
+        return None
+    return Refusal(
+        step="OS check",
+        reason=f"{os_label} is not supported (supported: {', '.join(SUPPORTED_OS)})",
+        remedy="reinstall the host with Ubuntu 20.04, or remove it from the inventory",
+    )
+
+
+def space_needed(spec: StackSpec, verified: Mapping[str, bool], cuda_installed: bool) -> int:
+    """Bytes the artifact cache needs: artifacts not yet verified there, plus CUDA's unpack."""
+    needed = 0
+    for item in ARTIFACTS:
+        size = spec.artifact(item).size
+        if size and not verified.get(item, False):
+            needed += size
+    cuda_size = spec.cuda.size
+    if cuda_size and not cuda_installed:
+        needed += int(cuda_size * CUDA_UNPACK_FACTOR)
+    return needed
+
+
+def space_refusal(path: str, available: int | None, needed: int) -> Refusal | None:
+    """Too little room in the artifact cache (downloads plus the CUDA unpack)."""
+    if available is None or available >= needed:
+        return None
+    return Refusal(
+        step="free space",
+        reason=f"{path} has {_gib(available)} free, the downloads and the CUDA unpack need "
+        f"{_gib(needed)} ({_gib(needed - available)} missing)",
+        remedy="free space there, or point stack.paths.artifact_cache at a bigger filesystem",
+    )
+
+
+def mirror_refusals(answers: Iterable[tuple[str, str, int, str]]) -> list[Refusal]:
+    """``(item, url, http status, error)`` for each artifact still to download → refusals."""
+    refusals = []
+    for item, url, status, error in answers:
+        if 200 <= status < 300:
+            continue
+        if status == 0:
+            reason = f"{url} did not answer ({error or 'no connection'})"
+            remedy = "start the mirror (or check the host's route to it) and re-run"
+        else:
+            reason = f"{url} answered HTTP {status}: the {item} artifact is not there"
+            remedy = f"put {url.rsplit('/', 1)[-1]} into the mirror (with its sha256) and re-run"
+        refusals.append(Refusal(step=f"{item} artifact", reason=reason, remedy=remedy))
+    return refusals

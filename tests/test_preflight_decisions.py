@@ -1,0 +1,56 @@
+"""Preflight decisions: which facts refuse a host, and what the message says."""
+
+from p40fleet import preflight
+from p40fleet.profile import summarize_host
+from p40fleet.spec import load_spec
+
+SPEC = load_spec("h1", {})
+
+
+def test_p40_host_passes_gpu_check():
+    assert preflight.gpu_refusal(summarize_host([0x1B38] * 4)) is None
+
+
+def test_h200_refused_by_r525_names_the_gpu():
+    refusal = preflight.gpu_refusal(summarize_host([0x2335] * 2))
+    assert refusal is not None
+    assert "H200" in refusal.reason and refusal.step == "GPU check"
+
+
+def test_no_gpu_refused():
+    refusal = preflight.gpu_refusal(summarize_host([]))
+    assert refusal is not None and "no NVIDIA GPU" in refusal.reason
+
+
+def test_os_supported_and_refused():
+    assert preflight.os_refusal("Ubuntu 20.04") is None
+    refusal = preflight.os_refusal("Debian 12")
+    assert refusal is not None and "Debian 12" in refusal.reason and "20.04" in refusal.remedy
+
+
+def test_space_needed_counts_only_unverified_artifacts_and_the_cuda_unpack():
+    everything = preflight.space_needed(SPEC, {}, cuda_installed=False)
+    cuda = SPEC.cuda.size
+    cudnn = SPEC.cudnn.size
+    assert everything == cuda + cudnn + int(cuda * preflight.CUDA_UNPACK_FACTOR)
+    cached = {"driver": True, "cuda": True, "cudnn": True, "miniconda": True}
+    assert preflight.space_needed(SPEC, cached, cuda_installed=True) == 0
+
+
+def test_space_refusal_says_how_much_is_missing():
+    refusal = preflight.space_refusal("/var/cache/p40fleet", 2 * 2**30, 10 * 2**30)
+    assert refusal is not None
+    assert "8.0 GiB missing" in refusal.reason and "artifact_cache" in refusal.remedy
+    assert preflight.space_refusal("/x", 10 * 2**30, 2 * 2**30) is None
+
+
+def test_mirror_refusals_tell_missing_file_from_dead_mirror():
+    answers = [
+        ("driver", "http://m/artifacts/d.run", 200, ""),
+        ("cuda", "http://m/artifacts/c.run", 404, ""),
+        ("cudnn", "http://m/artifacts/n.tar.xz", 0, "curl: (7) Failed to connect"),
+    ]
+    refusals = preflight.mirror_refusals(answers)
+    assert [r.step for r in refusals] == ["cuda artifact", "cudnn artifact"]
+    assert "HTTP 404" in refusals[0].reason and "c.run" in refusals[0].remedy
+    assert "did not answer" in refusals[1].reason and "Failed to connect" in refusals[1].reason
