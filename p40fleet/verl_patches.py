@@ -1,0 +1,365 @@
+"""verl capability patch rules, as data, per supported verl ref and GPU capability profile.
+
+A rule is literal text: ``old`` must occur exactly ``count`` times in ``file`` (relative to the
+checkout) and becomes ``new``. The applier (``files/verl_patch.py``, standard library only, run
+on the host) checks every rule before writing any file and records what it applied; this module
+loads it for in-process use (:func:`plan`, :func:`apply`) so there is one implementation.
+
+Profiles (stack-facts §3): ``pascal`` (cc 6.x) gets the rules below; ``volta-turing`` (7.x)
+runs fp32 + sdpa through config overrides only, no source patch; ``ampere-plus`` (>= 8.0) runs
+verl untouched. ``maxwell`` (5.x, only with an explicit override) is treated like ``pascal``.
+
+Left alone on purpose: the model merger (it calls tensor dtype methods such as ``.bfloat16()``),
+Megatron code and ``verl/utils/torch_dtypes.py``. Dtype sites that config already reaches
+(``fsdp_config.mixed_precision.param_dtype``, ``fsdp_config.model_dtype``) are not patched.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+APPLIER_PATH = Path(__file__).resolve().parent.parent / "files" / "verl_patch.py"
+RECORD_NAME = ".p40fleet-patches.json"
+
+PROFILES = ("pascal", "volta-turing", "ampere-plus")
+PATCHED_PROFILES = ("pascal",)
+
+
+class VerlPatchError(ValueError):
+    """Unknown ref/profile, or a ref that cannot be supported for a profile."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    file: str
+    old: str
+    new: str
+    count: int
+    why: str
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    ref: str
+    profile: str
+    rules: tuple[Rule, ...]
+    supported: bool = True
+    reason: str = ""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "format": 1,
+            "ref": self.ref,
+            "profile": self.profile,
+            "supported": self.supported,
+            "reason": self.reason,
+            "rules": [asdict(r) for r in self.rules],
+        }
+
+
+def profile_for_cc(major: int, minor: int = 0) -> str:
+    """Compute capability -> profile name (refusals for < 5.0 belong to the GPU checks)."""
+    if major >= 8:
+        return "ampere-plus"
+    if major == 7:
+        return "volta-turing"
+    if major in (5, 6):
+        return "pascal"
+    raise VerlPatchError(f"compute capability {major}.{minor} has no verl profile")
+
+
+# --- verl v0.5.0 (tag, commit 8fdc4d3f202f41461f4de9f42a637228e342668b) -------------------
+
+_FA_WHY = (
+    "with CUDA available this module imports flash_attn.bert_padding at load time, but the pinned "
+    "P40 environment has no flash-attn (its kernels need sm_80+), so the import would fail; the "
+    "imported helpers are only used when use_remove_padding=True, which Pascal config turns off"
+)
+
+_V050_PASCAL: tuple[Rule, ...] = (
+    Rule(
+        id="actor-autocast-fp32",
+        file="verl/workers/actor/dp_actor.py",
+        old="with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):",
+        new="with torch.autocast(device_type=self.device_name, dtype=torch.float32):",
+        count=1,
+        why="The actor forward pass runs under a hard-coded bf16 autocast that no config reaches; "
+        "Pascal has no bf16 math, so autocast targets fp32.",
+    ),
+    Rule(
+        id="actor-flash-attn-import",
+        file="verl/workers/actor/dp_actor.py",
+        old=(
+            "if is_cuda_available:\n"
+            "    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
+            " unpad_input\n"
+            "elif is_npu_available:\n"
+        ),
+        new=(
+            "if is_cuda_available:\n"
+            "    try:\n"
+            "        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
+            " unpad_input\n"
+            "    except ImportError:  # p40fleet pascal: no flash-attn; use_remove_padding=False\n"
+            "        index_first_axis = pad_input = rearrange = unpad_input = None\n"
+            "elif is_npu_available:\n"
+        ),
+        count=1,
+        why="The actor " + _FA_WHY + ".",
+    ),
+    Rule(
+        id="critic-autocast-fp32",
+        file="verl/workers/critic/dp_critic.py",
+        old="with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):",
+        new="with torch.autocast(device_type=self.device_name, dtype=torch.float32):",
+        count=1,
+        why="The critic forward pass runs under a hard-coded bf16 autocast that no config "
+        "reaches; Pascal has no bf16 math, so autocast targets fp32.",
+    ),
+    Rule(
+        id="critic-flash-attn-import",
+        file="verl/workers/critic/dp_critic.py",
+        old=(
+            "if is_cuda_available:\n"
+            "    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
+            " unpad_input\n"
+            "elif is_npu_available:\n"
+        ),
+        new=(
+            "if is_cuda_available:\n"
+            "    try:\n"
+            "        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
+            " unpad_input\n"
+            "    except ImportError:  # p40fleet pascal: no flash-attn; use_remove_padding=False\n"
+            "        index_first_axis = pad_input = rearrange = unpad_input = None\n"
+            "elif is_npu_available:\n"
+        ),
+        count=1,
+        why="The critic " + _FA_WHY + ".",
+    ),
+    Rule(
+        id="hf-rollout-autocast-fp32",
+        file="verl/workers/rollout/hf_rollout.py",
+        old="torch.autocast(device_type=get_device_name(), dtype=torch.bfloat16):",
+        new="torch.autocast(device_type=get_device_name(), dtype=torch.float32):",
+        count=1,
+        why="The HF rollout, the only rollout a P40 can run, generates under a hard-coded bf16 "
+        "autocast that rollout.dtype does not reach; Pascal has no bf16 math.",
+    ),
+    Rule(
+        id="fsdp-actor-attn-sdpa",
+        file="verl/workers/fsdp_workers.py",
+        old=(
+            "local_path, trust_remote_code=trust_remote_code,"
+            ' attn_implementation="flash_attention_2"\n'
+        ),
+        new='local_path, trust_remote_code=trust_remote_code, attn_implementation="sdpa"\n',
+        count=1,
+        why="The actor/ref model config is loaded with flash_attention_2, which needs flash-attn "
+        "and sm_80+; sdpa's memory-efficient kernel runs on sm_61.",
+    ),
+    Rule(
+        id="fsdp-critic-attn-sdpa",
+        file="verl/workers/fsdp_workers.py",
+        old=(
+            "critic_model_config = AutoConfig.from_pretrained(\n"
+            "            local_path,\n"
+            '            attn_implementation="flash_attention_2",\n'
+        ),
+        new=(
+            "critic_model_config = AutoConfig.from_pretrained(\n"
+            "            local_path,\n"
+            '            attn_implementation="sdpa",\n'
+        ),
+        count=1,
+        why="The critic model config is loaded with flash_attention_2, which needs flash-attn and "
+        "sm_80+; sdpa's memory-efficient kernel runs on sm_61.",
+    ),
+    Rule(
+        id="fsdp-reward-model-load-fp32-sdpa",
+        file="verl/workers/fsdp_workers.py",
+        old=(
+            "                torch_dtype=torch.bfloat16,\n"
+            '                attn_implementation="flash_attention_2",\n'
+        ),
+        new=(
+            "                torch_dtype=torch.float32,\n"
+            '                attn_implementation="sdpa",\n'
+        ),
+        count=1,
+        why="The reward model is loaded in bf16 with flash_attention_2 regardless of config; a "
+        "P40 needs fp32 weights and sdpa attention.",
+    ),
+    Rule(
+        id="fsdp-reward-model-cast-fp32",
+        file="verl/workers/fsdp_workers.py",
+        old="            reward_module.to(torch.bfloat16)\n",
+        new="            reward_module.to(torch.float32)\n",
+        count=1,
+        why="After loading, the reward model is cast to bf16 unconditionally; on Pascal it stays "
+        "fp32.",
+    ),
+    Rule(
+        id="fsdp-reward-model-autocast-fp32",
+        file="verl/workers/fsdp_workers.py",
+        old="torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.bfloat16):",
+        new="torch.no_grad(), torch.autocast(device_type=device_name, dtype=torch.float32):",
+        count=1,
+        why="The reward model forward pass runs under a hard-coded bf16 autocast that no config "
+        "reaches; Pascal has no bf16 math.",
+    ),
+    Rule(
+        id="fsdp-reward-model-flash-attn-import",
+        file="verl/workers/fsdp_workers.py",
+        old=(
+            "        if is_cuda_available:\n"
+            "            from flash_attn.bert_padding import index_first_axis, pad_input,"
+            " rearrange, unpad_input\n"
+            "        elif is_npu_available:\n"
+        ),
+        new=(
+            "        if is_cuda_available:\n"
+            "            try:\n"
+            "                from flash_attn.bert_padding import index_first_axis, pad_input,"
+            " rearrange, unpad_input\n"
+            "            except ImportError:  # p40fleet pascal: no flash-attn\n"
+            "                index_first_axis = pad_input = rearrange = unpad_input = None\n"
+            "        elif is_npu_available:\n"
+        ),
+        count=1,
+        why="The reward model forward imports flash_attn.bert_padding on every CUDA call; the P40 "
+        "environment has no flash-attn and the helpers are only used with use_remove_padding.",
+    ),
+    Rule(
+        id="model-valuehead-tokencls-attn-sdpa",
+        file="verl/utils/model.py",
+        old=(
+            "            config=model_config,\n"
+            '            attn_implementation="flash_attention_2",\n'
+            "            trust_remote_code=trust_remote_code,\n"
+            "        )\n"
+            "        return model\n"
+        ),
+        new=(
+            "            config=model_config,\n"
+            '            attn_implementation="sdpa",\n'
+            "            trust_remote_code=trust_remote_code,\n"
+            "        )\n"
+            "        return model\n"
+        ),
+        count=1,
+        why="The value-head (token classification) model is loaded with flash_attention_2, which "
+        "needs flash-attn and sm_80+; sdpa runs on sm_61.",
+    ),
+    Rule(
+        id="model-valuehead-causallm-attn-sdpa",
+        file="verl/utils/model.py",
+        old=(
+            "        config=model_config,\n"
+            '        attn_implementation="flash_attention_2",\n'
+            "        trust_remote_code=trust_remote_code,\n"
+            "    )\n"
+            "    model = AutoModelForCausalLMWithValueHead"
+        ),
+        new=(
+            "        config=model_config,\n"
+            '        attn_implementation="sdpa",\n'
+            "        trust_remote_code=trust_remote_code,\n"
+            "    )\n"
+            "    model = AutoModelForCausalLMWithValueHead"
+        ),
+        count=1,
+        why="The trl value-head fallback loads its causal LM with flash_attention_2, which needs "
+        "flash-attn and sm_80+; sdpa runs on sm_61.",
+    ),
+)
+
+V050_COMMIT = "8fdc4d3f202f41461f4de9f42a637228e342668b"
+SEED_COMMIT = "62549582a71881fe861b09f8375e3aea80ac6754"
+
+_SEED_REASON = (
+    "verl removed its HF rollout on 2025-08-18 and vLLM needs compute capability >= 7.0, so at "
+    "62549582 (2025-09-08) a Pascal GPU has no rollout backend; use v0.5.0"
+)
+
+# ref -> profile -> RuleSet
+RULE_SETS: dict[str, dict[str, RuleSet]] = {
+    "v0.5.0": {
+        "pascal": RuleSet("v0.5.0", "pascal", _V050_PASCAL),
+        "volta-turing": RuleSet("v0.5.0", "volta-turing", ()),
+        "ampere-plus": RuleSet("v0.5.0", "ampere-plus", ()),
+    },
+    SEED_COMMIT: {
+        "pascal": RuleSet(SEED_COMMIT, "pascal", (), supported=False, reason=_SEED_REASON),
+        "volta-turing": RuleSet(SEED_COMMIT, "volta-turing", ()),
+        "ampere-plus": RuleSet(SEED_COMMIT, "ampere-plus", ()),
+    },
+}
+
+# Other names for a supported tree: the upstream commit of a tag, and the simulated lab's tags
+# whose verl/ tree equals that release (p40lab.verl_remote: v0.5.0-lab1 only changes README.md).
+REF_ALIASES: dict[str, str] = {
+    V050_COMMIT: "v0.5.0",
+    "v0.5.0-lab1": "v0.5.0",
+}
+
+
+def known_refs() -> list[str]:
+    return sorted(RULE_SETS) + sorted(REF_ALIASES)
+
+
+def rule_set(ref: str, profile: str) -> RuleSet:
+    """The rule set for a verl ref (tag, commit or alias) and profile.
+
+    Raises VerlPatchError for an unknown ref/profile, or when the pair is unsupported (with the
+    reason). The returned set carries the ref exactly as asked for (that is what gets recorded).
+    """
+    if profile == "maxwell":
+        profile = "pascal"
+    if profile not in PROFILES:
+        raise VerlPatchError(f"unknown GPU profile {profile!r}: expected one of {PROFILES}")
+    base = REF_ALIASES.get(ref, ref)
+    if base not in RULE_SETS:
+        raise VerlPatchError(
+            f"verl ref {ref!r} has no patch rule set: supported refs are {known_refs()}"
+        )
+    rs = RULE_SETS[base][profile]
+    if not rs.supported:
+        raise VerlPatchError(f"verl ref {ref} is unsupported for profile {profile}: {rs.reason}")
+    return RuleSet(ref, profile, rs.rules, rs.supported, rs.reason)
+
+
+def ruleset_json(ref: str, profile: str) -> str:
+    """The JSON the host-side applier takes (``--rules``)."""
+    return json.dumps(rule_set(ref, profile).to_json_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def load_applier() -> ModuleType:
+    """Import files/verl_patch.py (the one applier implementation) as a module."""
+    name = "p40fleet_verl_patch_applier"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, APPLIER_PATH)
+    if spec is None or spec.loader is None:  # pragma: no cover
+        raise ImportError(f"cannot load {APPLIER_PATH}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def plan(checkout: str | Path, ref: str, profile: str) -> dict[str, Any]:
+    """What applying would do (nothing written); raises the applier's PatchError."""
+    return load_applier().plan(str(checkout), rule_set(ref, profile).to_json_dict())
+
+
+def apply(checkout: str | Path, ref: str, profile: str, check: bool = False) -> dict[str, Any]:
+    """Apply in-process (tests, local checkouts). Hosts run files/verl_patch.py instead."""
+    return load_applier().apply(str(checkout), rule_set(ref, profile).to_json_dict(), check=check)
