@@ -1,0 +1,80 @@
+"""Installer doubles for the simulated lab (see docs in each source file).
+
+Sources in this package (templates: ``@NAME@`` placeholders are filled by :mod:`p40lab.mirror`):
+
+* ``update-initramfs``, ``dkms`` — system tools of a real Ubuntu 20.04, installed into the base
+  rootfs by :func:`install_system_doubles`;
+* ``makeself-header.sh`` — the self-extracting header of every ``.run`` double;
+* ``nvidia-installer.sh``, ``nvidia-smi.py`` — the driver runfile payload;
+* ``cuda-installer.sh``, ``nvcc.sh`` — the CUDA runfile payload;
+* ``miniconda-installer.sh``, ``conda.py``, ``conda.sh`` — the Miniconda installer;
+* ``kmod.c.in``/``lib.c`` equivalents are generated inline by the mirror builder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+DOUBLES_DIR = Path(__file__).resolve().parent
+SYSTEM_DOUBLES = {"update-initramfs": "usr/sbin/update-initramfs", "dkms": "usr/sbin/dkms"}
+DEFAULT_MIRROR_BASE = "http://10.231.0.1:8111"
+
+
+def source(name: str) -> str:
+    return (DOUBLES_DIR / name).read_text()
+
+
+def sources_hash() -> str:
+    """sha256 over every double source (the mirror's cache stamp)."""
+    h = hashlib.sha256()
+    for p in sorted(DOUBLES_DIR.iterdir()):
+        if p.is_file() and p.suffix != ".pyc":
+            h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def sources_list(mirror_base: str = DEFAULT_MIRROR_BASE) -> str:
+    return (
+        "# p40lab: hosts have no route out; the only package source is the lab mirror's\n"
+        "# flat apt repo (linux-headers-<uname -r>, build-essential)\n"
+        f"deb [trusted=yes] {mirror_base.rstrip('/')}/apt ./\n"
+    )
+
+
+def install_system_doubles(
+    rootfs: Path, kernel_release: str, mirror_base: str = DEFAULT_MIRROR_BASE
+) -> list[Path]:
+    """Install the system-tool doubles of a real Ubuntu 20.04 into ``rootfs``.
+
+    ``update-initramfs`` (``-u`` touches /var/lib/p40lab-sim/initramfs-updated), ``dkms``
+    (``dkms status`` lists /var/lib/dkms), ``/lib/modules/<kernel_release>/`` (empty, as on a
+    machine whose kernel is installed) and ``/etc/apt/sources.list`` pointing only at the lab
+    mirror's apt repo (Debian's own sources are removed: hosts have no route out).
+    Returns the paths written.
+    """
+    rootfs = Path(rootfs)
+    written = []
+    for name, rel in SYSTEM_DOUBLES.items():
+        dst = rootfs / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(DOUBLES_DIR / name, dst)
+        dst.chmod(0o755)
+        written.append(dst)
+    for d in ("var/lib/p40lab-sim", "var/lib/dkms", "etc/modprobe.d", "boot"):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    # merged-/usr bases: /lib -> usr/lib; create through the symlink like the kernel package would
+    moddir = rootfs / "lib/modules" / kernel_release
+    moddir.mkdir(parents=True, exist_ok=True)
+    for f in ("modules.order", "modules.builtin", "modules.builtin.modinfo"):
+        (moddir / f).touch()
+    written.append(moddir)
+    apt = rootfs / "etc/apt"
+    (apt / "sources.list.d").mkdir(parents=True, exist_ok=True)
+    for old in (apt / "sources.list.d").iterdir():
+        if old.name.endswith((".list", ".sources")):
+            old.unlink()
+    (apt / "sources.list").write_text(sources_list(mirror_base))
+    written.append(apt / "sources.list")
+    return written
