@@ -339,8 +339,9 @@ class TorchPin(BaseModel):
     model_config = _FROZEN
 
     version: Pep440 = "2.6.0+cu118"
-    torchvision: Pep440 = "0.21.0+cu118"
-    torchaudio: Pep440 = "2.6.0+cu118"
+    # None: not installed (e.g. a lab wheelhouse that carries torch alone).
+    torchvision: Pep440 | None = "0.21.0+cu118"
+    torchaudio: Pep440 | None = "2.6.0+cu118"
     index_url: BaseUrl = "https://download.pytorch.org/whl/cu118"
 
 
@@ -358,6 +359,8 @@ class ApexPin(GitPin):
     remote: HttpUrl = "https://github.com/NVIDIA/apex"
     ref: GitRef = "25.09"
     commit: GitCommit = "4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49"
+    # --cuda_ext as well as --cpp_ext; None: when the torch pin is a CUDA build (+cuXYZ).
+    cuda_ext: bool | None = None
 
 
 class VerlPin(GitPin):
@@ -366,6 +369,9 @@ class VerlPin(GitPin):
     ref: GitRef = "v0.5.0"
     commit: GitCommit = "8fdc4d3f202f41461f4de9f42a637228e342668b"
     version: Pep440 = "0.5.0"
+    # Which files/verl-requirements-<variant>.txt pins verl's import-time dependencies;
+    # None: "v0.5.0" for a CUDA torch pin, "lab" for the simulated lab's CPU torch.
+    requirements: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+$")
 
 
 class Paths(BaseModel):
