@@ -1,0 +1,351 @@
+"""Installer doubles and the mirror build, without lab hosts (temp dirs, the controller's sh)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from p40lab import doubles, mirror
+
+FIXTURES = Path("/work/shared/fixtures")
+if not FIXTURES.is_dir():
+    FIXTURES = Path(__file__).parent / "fixtures"
+
+needs_tools = pytest.mark.skipif(
+    not (shutil.which("gcc") and shutil.which("dpkg-deb")), reason="needs gcc and dpkg-deb"
+)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mirror")
+    pins = mirror.build(d, kernel_release="5.4.0-150-generic")
+    return d, pins
+
+
+def write_gpu(sysroot: Path, bdf: str, device: int) -> None:
+    dev = sysroot / "sys/devices/pci0000:00" / bdf
+    dev.mkdir(parents=True)
+    for k, v in {
+        "vendor": "0x10de",
+        "device": f"0x{device:04x}",
+        "class": "0x030200",
+        "subsystem_device": "0x11d9",
+    }.items():
+        (dev / k).write_text(v + "\n")
+    link = sysroot / "sys/bus/pci/devices" / bdf
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(f"../../../devices/pci0000:00/{bdf}")
+
+
+def smi(
+    tmp_path: Path, version: str, *args: str, loaded: str | None
+) -> subprocess.CompletedProcess:
+    script = tmp_path / "nvidia-smi"
+    script.write_text(mirror.fill(doubles.source("nvidia-smi.py"), VERSION=version))
+    mod = tmp_path / "sys/module/nvidia"
+    if loaded is not None:
+        mod.mkdir(parents=True, exist_ok=True)
+        (mod / "version").write_text(loaded + "\n")
+    elif mod.exists():
+        shutil.rmtree(mod)
+    env = dict(os.environ, P40LAB_SYSROOT=str(tmp_path))
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, env=env
+    )
+
+
+# ---------------------------------------------------------------- mirror build
+
+
+@needs_tools
+def test_mirror_layout_and_sums(built):
+    d, pins = built
+    adir = d / "artifacts"
+    for key in ("driver", "cuda", "cudnn", "miniconda"):
+        p = pins[key]
+        assert set(p) == {"version", "filename", "url", "sha256", "size"}
+        f = adir / p["filename"]
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == p["sha256"]
+        assert f.stat().st_size == p["size"]
+        assert p["url"] == f"http://10.231.0.1:8111/artifacts/{p['filename']}"
+    assert pins["driver"]["filename"] == "NVIDIA-Linux-x86_64-525.147.05.run"
+    assert pins["cuda"]["filename"] == "cuda_11.8.0_520.61.05_linux.run"
+    assert pins["cudnn"]["filename"] == "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
+    assert pins["miniconda"]["filename"] == "Miniconda3-py310_24.11.1-0-Linux-x86_64.sh"
+    assert pins["mirror"] == {"artifacts_url": "http://10.231.0.1:8111/artifacts"}
+    assert "driver-525.125.06" in pins["extra_artifacts"]
+    sums = (adir / "SHA256SUMS").read_text().splitlines()
+    assert len(sums) == 5
+    for line in sums:
+        digest, name = line.split("  ")
+        assert hashlib.sha256((adir / name).read_bytes()).hexdigest() == digest
+    assert set(mirror.stack_overrides(pins)) == {"driver", "cuda", "cudnn", "miniconda", "mirror"}
+
+
+@needs_tools
+def test_build_is_deterministic_for_archives(built, tmp_path):
+    d, pins = built
+    pins2 = mirror.build(tmp_path, kernel_release="5.4.0-150-generic")
+    for key in ("cudnn", "miniconda", "driver", "cuda"):
+        assert pins2[key]["sha256"] == pins[key]["sha256"], key
+
+
+@needs_tools
+def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
+    calls = []
+    real_build = mirror.build
+    monkeypatch.setattr(mirror, "build", lambda *a, **kw: calls.append(1) or real_build(*a, **kw))
+    pins = mirror.ensure_mirror({"mirror_url": "http://10.231.0.1:8111"}, tmp_path)
+    assert calls == [1]
+    again = mirror.ensure_mirror(None, tmp_path)
+    assert calls == [1] and again == pins
+    name = pins["driver"]["filename"]
+    mirror.corrupt_artifact(name, tmp_path)
+    assert mirror.sha256_file(tmp_path / "artifacts" / name) != pins["driver"]["sha256"]
+    assert mirror.ensure_mirror(None, tmp_path) == pins  # restored, not rebuilt
+    assert calls == [1]
+
+
+@needs_tools
+def test_cudnn_tarball_layout(built):
+    d, pins = built
+    with tarfile.open(d / "artifacts" / pins["cudnn"]["filename"]) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        top = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive"
+        assert all(n == top or n.startswith(top + "/") for n in members)
+        for h in ("cudnn.h", "cudnn_version.h", "cudnn_ops_infer.h", "cudnn_cnn_train.h"):
+            assert f"{top}/include/{h}" in members
+        assert f"{top}/LICENSE" in members
+        for lib in ("libcudnn", "libcudnn_adv_infer", "libcudnn_adv_train", "libcudnn_cnn_infer",
+                    "libcudnn_cnn_train", "libcudnn_ops_infer", "libcudnn_ops_train"):  # fmt: skip
+            assert members[f"{top}/lib/{lib}.so.8.9.7"].isfile()
+            assert members[f"{top}/lib/{lib}.so.8"].linkname == f"{lib}.so.8.9.7"
+            assert members[f"{top}/lib/{lib}.so"].linkname == f"{lib}.so.8"
+        assert {m.mtime for m in members.values()} == {mirror.FIXED_MTIME}
+        vh = tar.extractfile(f"{top}/include/cudnn_version.h").read().decode()
+        so = tar.extractfile(f"{top}/lib/libcudnn.so.8.9.7").read()
+    defs = dict(re.findall(r"#define (CUDNN_MAJOR|CUDNN_MINOR|CUDNN_PATCHLEVEL) (\d+)", vh))
+    assert defs == {"CUDNN_MAJOR": "8", "CUDNN_MINOR": "9", "CUDNN_PATCHLEVEL": "7"}
+    assert so[:4] == b"\x7fELF" and b"libcudnn.so.8" in so
+    # same parse works on the real 8.9.1 header
+    real = next((FIXTURES / "cuda").glob("cudnn_version.h-8.9.1*"), None)
+    if real:
+        rdefs = dict(re.findall(r"#define (CUDNN_\w+) (\d+)", real.read_text()))
+        assert (rdefs["CUDNN_MAJOR"], rdefs["CUDNN_MINOR"], rdefs["CUDNN_PATCHLEVEL"]) == (
+            "8",
+            "9",
+            "1",
+        )
+
+
+@needs_tools
+def test_apt_repo_index(built):
+    d, _ = built
+    packages = (d / "apt/Packages").read_text()
+    assert "Package: linux-headers-5.4.0-150-generic\n" in packages
+    assert "Package: build-essential\n" in packages
+    for m in re.finditer(r"Filename: \./(\S+)\nSize: (\d+)\n.*\nSHA256: (\w+)", packages):
+        data = (d / "apt" / m.group(1)).read_bytes()
+        assert len(data) == int(m.group(2))
+        assert hashlib.sha256(data).hexdigest() == m.group(3)
+    deb = next((d / "apt").glob("linux-headers-*.deb"))
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True).stdout
+    assert "./lib/modules/5.4.0-150-generic/build -> /usr/src/linux-headers-5.4.0-150-generic" in (
+        listing
+    )
+    assert "include/generated/utsrelease.h" in listing
+    assert "Release" in os.listdir(d / "apt")
+
+
+@needs_tools
+def test_runfile_is_makeself_like(built, tmp_path):
+    d, pins = built
+    run = d / "artifacts" / pins["driver"]["filename"]
+    r = subprocess.run(["sh", str(run), "--info"], capture_output=True, text=True)
+    assert r.returncode == 0 and "525.147.05" in r.stdout
+    r = subprocess.run(["sh", str(run), "-v"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0
+    assert "nvidia-installer:  version 525.147.05" in r.stdout
+    r = subprocess.run(["sh", str(run), "-x"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0
+    x = tmp_path / "NVIDIA-Linux-x86_64-525.147.05"
+    assert (x / "nvidia-installer").exists() and (x / "kernel/nvidia.ko").exists()
+    modinfo = subprocess.run(
+        ["readelf", "-p", ".modinfo", str(x / "kernel/nvidia.ko")], capture_output=True, text=True
+    )
+    if modinfo.returncode == 0:
+        assert "version=525.147.05" in modinfo.stdout
+    # a corrupted copy fails makeself's integrity check (exit 2), like the real one
+    bad = tmp_path / "bad.run"
+    mirror.corrupt_artifact(pins["driver"]["filename"], d)
+    shutil.copy(run, bad)
+    mirror.restore_artifact(pins["driver"]["filename"], d)
+    assert mirror.sha256_file(run) == pins["driver"]["sha256"]
+    r = subprocess.run(["sh", str(bad), "-s"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "Error in MD5 checksums" in r.stderr
+
+
+# ---------------------------------------------------------------- nvidia-smi double
+
+
+@pytest.fixture
+def sysroot(tmp_path):
+    for i in range(2):
+        write_gpu(tmp_path, f"0000:{4 + i:02x}:00.0", 0x1B38)
+    return tmp_path
+
+
+def test_smi_not_loaded(sysroot):
+    r = smi(sysroot, "525.147.05", loaded=None)
+    assert r.returncode == 9
+    assert r.stdout.startswith(
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
+
+
+def test_smi_mismatch(sysroot):
+    r = smi(sysroot, "525.147.05", loaded="525.125.06")
+    assert r.returncode == 18
+    assert r.stdout == "Failed to initialize NVML: Driver/library version mismatch\n"
+
+
+def test_smi_table_matches_r525_layout(sysroot):
+    r = smi(sysroot, "525.147.05", loaded="525.147.05")
+    assert r.returncode == 0, r.stdout
+    lines = r.stdout.splitlines()
+    assert re.match(r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}", lines[0])
+    ref = FIXTURES / "nvidia-smi/tesla-v100-sxm2-32gb-525.105.17-wan2.1-issue-5.txt"
+    ref_lines = ref.read_text().splitlines()
+    # header: identical up to the version string (same length: 525.105.17 / 525.147.05)
+    assert lines[2] == ref_lines[1].replace("525.105.17", "525.147.05")
+    assert lines[1] == ref_lines[0] and lines[3:8] == ref_lines[2:7]
+    p40 = (FIXTURES / "nvidia-smi/tesla-p40-x1-520.61.05-genffy-blog.txt").read_text()
+    p40_lines = p40.splitlines()
+
+    # every GPU row has the same column borders as the real rows
+    def borders(s):
+        return [i for i, c in enumerate(s) if c == "|"]
+
+    for mine, real in zip(lines[8:12], p40_lines[7:11], strict=True):
+        assert borders(mine) == borders(real) and len(mine) == len(real)
+    assert lines[8].startswith("|   0  Tesla P40           Off  | 00000000:04:00.0 Off |")
+    assert "24576MiB" in lines[9] and "250W" in lines[9]
+    assert lines[12].startswith("|   1  Tesla P40")
+    assert all(len(line) == 79 for line in lines[1:])
+    assert "No running processes found" in r.stdout
+
+
+def test_smi_query_formats(sysroot):
+    fields = "index,name,pci.bus_id,pci.device_id,compute_cap,memory.total,driver_version,uuid"
+    r = smi(sysroot, "525.147.05", f"--query-gpu={fields}", "--format=csv", loaded="525.147.05")
+    assert r.returncode == 0
+    head, row0, row1 = r.stdout.splitlines()
+    ref = FIXTURES / "query-gpu/h200-index-name-busid-devid-cc-mem-driver-uuid-vbios-580.csv"
+    assert ref.read_text().splitlines()[0].startswith(head)
+    assert row0.startswith(
+        "0, Tesla P40, 00000000:04:00.0, 0x1B3810DE, 6.1, 24576 MiB, 525.147.05, GPU-"
+    )
+    r = smi(
+        sysroot, "525.147.05", "--query-gpu=index,memory.total,compute_cap",
+        "--format=csv,noheader,nounits", loaded="525.147.05",
+    )  # fmt: skip
+    assert r.stdout == "0, 24576, 6.1\n1, 24576, 6.1\n"
+    r = smi(sysroot, "525.147.05", "--query-gpu=bogus", "--format=csv", loaded="525.147.05")
+    assert r.returncode == 2
+    assert r.stdout.startswith('Field "bogus" is not a valid field to query.')
+
+
+def test_smi_h200_not_supported_by_r525(tmp_path):
+    write_gpu(tmp_path, "0000:04:00.0", 0x2335)
+    r = smi(tmp_path, "525.147.05", loaded="525.147.05")
+    assert r.returncode == 6 and "No devices were found" in r.stdout
+    r = smi(tmp_path, "580.159.04", "--query-gpu=name,memory.total,compute_cap",
+            "--format=csv,noheader,nounits", loaded="580.159.04")  # fmt: skip
+    assert r.stdout == "NVIDIA H200, 143771, 9.0\n"
+
+
+def test_smi_p100(tmp_path):
+    write_gpu(tmp_path, "0000:04:00.0", 0x15F8)
+    r = smi(tmp_path, "525.147.05", "--query-gpu=name,memory.total,compute_cap",
+            "--format=csv,noheader", loaded="525.147.05")  # fmt: skip
+    assert r.stdout == "Tesla P100-PCIE-16GB, 16384 MiB, 6.0\n"
+
+
+# ---------------------------------------------------------------- system doubles
+
+
+def test_install_system_doubles(tmp_path):
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    (tmp_path / "lib").symlink_to("usr/lib")
+    (tmp_path / "etc/apt/sources.list.d").mkdir(parents=True)
+    (tmp_path / "etc/apt/sources.list.d/debian.sources").write_text("Types: deb\n")
+    doubles.install_system_doubles(tmp_path, "5.4.0-150-generic")
+    assert (
+        (tmp_path / "etc/apt/sources.list")
+        .read_text()
+        .endswith("deb [trusted=yes] http://10.231.0.1:8111/apt ./\n")
+    )
+    assert not (tmp_path / "etc/apt/sources.list.d/debian.sources").exists()
+    assert os.access(tmp_path / "usr/sbin/update-initramfs", os.X_OK)
+    assert os.access(tmp_path / "usr/sbin/dkms", os.X_OK)
+    assert (tmp_path / "usr/lib/modules/5.4.0-150-generic").is_dir()
+    assert not (tmp_path / "usr/lib/modules/5.4.0-150-generic/build").exists()
+
+
+def test_dkms_status_format(tmp_path):
+    tree = tmp_path / "dkms"
+    kr = os.uname().release
+    (tree / f"nvidia/525.147.05/{kr}/x86_64/module").mkdir(parents=True)
+    (tree / f"nvidia/525.147.05/{kr}/x86_64/module/nvidia.ko").write_bytes(b"")
+    (tree / "other/1.0").mkdir(parents=True)
+    r = subprocess.run(
+        ["sh", str(doubles.DOUBLES_DIR / "dkms"), "status"],
+        capture_output=True, text=True, env=dict(os.environ, DKMS_TREE=str(tree)),
+    )  # fmt: skip
+    assert r.returncode == 0
+    # "built" because /lib/modules/<kr>/updates/dkms/nvidia.ko is not on this controller
+    assert f"nvidia/525.147.05, {kr}, x86_64: " in r.stdout
+    assert "other/1.0: added" in r.stdout
+
+
+def test_update_initramfs_usage_exit_code():
+    r = subprocess.run(["sh", str(doubles.DOUBLES_DIR / "update-initramfs")], capture_output=True)
+    assert r.returncode == 2 and b"Usage: update-initramfs" in r.stderr
+
+
+# ---------------------------------------------------------------- server
+
+
+@needs_tools
+def test_server_logs_bytes(built, tmp_path):
+    d, pins = built
+    log = tmp_path / "access.log"
+    pidf = tmp_path / "mirror.pid"
+    pid = mirror.start_server(d, "127.0.0.1", 18111, access_log=log, pid_file=pidf)
+    try:
+        assert int(pidf.read_text()) == pid
+        url = f"http://127.0.0.1:18111/artifacts/{pins['cudnn']['filename']}"
+        data = urllib.request.urlopen(url, timeout=5).read()
+        assert hashlib.sha256(data).hexdigest() == pins["cudnn"]["sha256"]
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen("http://127.0.0.1:18111/artifacts/nope", timeout=5)
+    finally:
+        assert mirror.stop_server(pid_file=pidf)
+    assert not pidf.exists()
+    entries = mirror.access_entries(log)
+    assert [(e["status"], e["path"].rsplit("/", 1)[1]) for e in entries] == [
+        (200, pins["cudnn"]["filename"]),
+        (404, "nope"),
+    ]
+    assert mirror.bytes_served(log, path_prefix="/artifacts/cudnn") == pins["cudnn"]["size"]
