@@ -1,0 +1,184 @@
+"""The installer doubles inside real lab hosts (sshd in netns, overlay rootfs, fake sysfs).
+
+Uses the session fixture ``lab`` (tests/lab/conftest.py): ``lab.ssh(host, cmd)``,
+``lab.reboot(host)``, ``lab.reinstall(host)``. Artifacts come from the lab mirror at
+http://10.231.0.1:8111 (p40lab.mirror). Each test group reinstalls its host first.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from p40lab import mirror
+
+if not (Path(__file__).parent / "conftest.py").exists():
+    pytest.skip("the lab fixture (tests/lab/conftest.py) is not there yet", allow_module_level=True)
+
+pytestmark = pytest.mark.lab
+
+ART = "http://10.231.0.1:8111/artifacts"
+DRIVER = mirror.driver_filename(mirror.DRIVER_VERSION)
+OLD_DRIVER = mirror.driver_filename(mirror.EXTRA_DRIVER_VERSIONS[0])
+CUDA = mirror.CUDA_FILENAME
+MINICONDA = mirror.MINICONDA_FILENAME
+
+
+def sh(lab, host, cmd, ok=True):
+    r = lab.ssh(host, cmd)
+    out = (r.stdout or "") + (r.stderr or "")
+    if ok:
+        assert r.returncode == 0, f"{cmd!r} -> rc={r.returncode}\n{out}"
+    return r
+
+
+def fetch(lab, host, name):
+    sh(lab, host, f"mkdir -p /root/art && cd /root/art && curl -fsSO {ART}/{name}")
+
+
+def install_headers(lab, host):
+    sh(lab, host, "apt-get update -qq && apt-get install -y -qq linux-headers-$(uname -r)")
+
+
+# ------------------------------------------------------------------ apt / headers
+
+
+def test_apt_installs_headers_from_lab_mirror(lab):
+    lab.reinstall("lab4")
+    r = sh(lab, "lab4", "test -e /lib/modules/$(uname -r)/build", ok=False)
+    assert r.returncode != 0
+    install_headers(lab, "lab4")
+    sh(lab, "lab4", "apt-get install -y -qq build-essential")
+    r = sh(lab, "lab4", "cat /lib/modules/$(uname -r)/build/include/generated/utsrelease.h")
+    assert r.stdout.strip().startswith('#define UTS_RELEASE "')
+
+
+# ------------------------------------------------------------------ driver
+
+
+def test_driver_flow(lab):
+    host = "lab1"
+    lab.reinstall(host)
+    fetch(lab, host, DRIVER)
+    run = f"sh /root/art/{DRIVER}"
+    # not --silent, no TTY (ssh without a pty) -> refused
+    r = sh(lab, host, f"{run} --dkms </dev/null", ok=False)
+    assert r.returncode == 1 and "ERROR:" in r.stdout
+    # no headers for the running kernel
+    r = sh(lab, host, f"{run} --silent --dkms", ok=False)
+    assert r.returncode == 1
+    assert "ERROR: Unable to find the kernel source tree for the currently running kernel" in (
+        r.stdout
+    )
+    assert (
+        "Unable to find the kernel source tree"
+        in sh(lab, host, "cat /var/log/nvidia-installer.log").stdout
+    )
+    install_headers(lab, host)
+    # nouveau loaded (fresh host)
+    sh(lab, host, "test -d /sys/module/nouveau")
+    r = sh(lab, host, f"{run} --silent --dkms", ok=False)
+    assert r.returncode == 1
+    assert "ERROR: The Nouveau kernel driver is currently in use by your system." in r.stdout
+    # a blacklist alone + reboot is not enough; blacklist + update-initramfs -u + reboot is
+    sh(lab, host, "printf 'blacklist nouveau\\noptions nouveau modeset=0\\n' "
+                  "> /etc/modprobe.d/blacklist-nouveau.conf")  # fmt: skip
+    lab.reboot(host)
+    sh(lab, host, "test -d /sys/module/nouveau")
+    r = sh(lab, host, "update-initramfs -u")
+    assert r.stdout.startswith("update-initramfs: Generating /boot/initrd.img-")
+    lab.reboot(host)
+    sh(lab, host, "! test -e /sys/module/nouveau")
+    r = sh(lab, host, f"{run} --silent --dkms")
+    r = sh(lab, host, "modinfo -F version nvidia")
+    assert r.stdout.strip() == mirror.DRIVER_VERSION
+    r = sh(lab, host, "dkms status")
+    assert f"nvidia/{mirror.DRIVER_VERSION}, " in r.stdout and ": installed" in r.stdout
+    # installed but not loaded before the reboot
+    r = sh(lab, host, "nvidia-smi", ok=False)
+    assert r.returncode == 9
+    assert "couldn't communicate with the NVIDIA driver" in r.stdout
+    lab.reboot(host)
+    r = sh(lab, host, "nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader")
+    rows = r.stdout.strip().splitlines()
+    assert len(rows) == 4
+    assert all(row.endswith(f"Tesla P40, {mirror.DRIVER_VERSION}") for row in rows)
+    assert "Driver Version: 525.147.05" in sh(lab, host, "nvidia-smi").stdout
+    # another version: the installer uninstalls the old one first; mismatch until reboot
+    fetch(lab, host, OLD_DRIVER)
+    sh(lab, host, f"sh /root/art/{OLD_DRIVER} -s --dkms")
+    log = sh(lab, host, "cat /var/log/nvidia-installer.log").stdout
+    assert "Uninstalling the previous installation (525.147.05)" in log
+    r = sh(lab, host, "nvidia-smi", ok=False)
+    assert r.returncode == 18 and "Driver/library version mismatch" in r.stdout
+    assert sh(lab, host, "modinfo -F version nvidia").stdout.strip() == "525.125.06"
+
+
+# ------------------------------------------------------------------ CUDA
+
+
+def test_cuda_flow(lab):
+    host = "lab2"
+    lab.reinstall(host)
+    fetch(lab, host, CUDA)
+    run = f"sh /root/art/{CUDA}"
+    dest = "--installpath=/usr/local/cuda-11.8"
+    r = sh(lab, host, f"{run} --toolkit {dest} </dev/null", ok=False)
+    assert r.returncode == 1
+    r = sh(lab, host, f"{run} --silent --toolkit {dest}", ok=False)  # base gcc is 12
+    assert r.returncode == 1
+    assert "Failed to verify gcc version. See log at /var/log/cuda-installer.log" in r.stdout
+    assert "unsupported compiler version" in sh(lab, host, "cat /var/log/cuda-installer.log").stdout
+    # too small tmpdir (hosts are root in their own mount namespace)
+    sh(lab, host, "mkdir -p /mnt/small && mount -t tmpfs -o size=64m p40small /mnt/small")
+    r = sh(lab, host, f"{run} --silent --toolkit --override --tmpdir=/mnt/small {dest}", ok=False)
+    assert r.returncode == 1 and "Not enough space left in /mnt/small" in r.stderr
+    sh(lab, host, "umount /mnt/small")
+    # killed midway: partial tree, no version.json
+    sh(lab, host, f"timeout 1.2 {run} --silent --toolkit --override {dest}; true")
+    sh(lab, host, "sleep 0.5; test -d /usr/local/cuda-11.8/bin")
+    sh(lab, host, "! test -e /usr/local/cuda-11.8/version.json")
+    sh(lab, host, f"{run} --silent --toolkit --override --no-man-page {dest}")
+    r = sh(lab, host, "/usr/local/cuda-11.8/bin/nvcc --version")
+    assert "Cuda compilation tools, release 11.8, V11.8.89" in r.stdout
+    r = sh(lab, host, "python3 -c \"import json;print(json.load(open("
+                      "'/usr/local/cuda-11.8/version.json'))['cuda']['version'])\"")  # fmt: skip
+    assert r.stdout.strip() == "11.8.20220929"
+    sh(lab, host, "test -e /usr/local/cuda-11.8/lib64/libcudart.so.11.8.89")
+
+
+# ------------------------------------------------------------------ Miniconda / conda
+
+
+def test_conda_flow(lab):
+    host = "lab3"
+    lab.reinstall(host)
+    fetch(lab, host, MINICONDA)
+    inst = f"bash /root/art/{MINICONDA}"
+    r = sh(lab, host, f"{inst} -p /root/mc </dev/null", ok=False)
+    assert r.returncode != 0
+    sh(lab, host, f"{inst} -b -p /root/mc")
+    r = sh(lab, host, f"{inst} -b -p /root/mc", ok=False)
+    assert r.returncode == 1
+    assert "ERROR: File or directory already exists: '/root/mc'" in r.stderr
+    sh(lab, host, f"{inst} -b -u -p /root/mc")
+    conda = "/root/mc/bin/conda"
+    assert sh(lab, host, f"{conda} --version").stdout.strip() == "conda 24.11.1"
+    pyv = sh(lab, host, "python3 -c 'import platform;print(platform.python_version())'")
+    pyv = pyv.stdout.strip()
+    create = f"{conda} create -n verl-p40 python={pyv} -y"
+    r = sh(lab, host, create, ok=False)
+    assert r.returncode == 1 and "CondaToSNonInteractiveError" in r.stderr
+    r = sh(lab, host, f"{conda} create -n x python=3.10.99 -y --override-channels -c conda-forge",
+           ok=False)  # fmt: skip
+    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+    for ch in ("https://repo.anaconda.com/pkgs/main", "https://repo.anaconda.com/pkgs/r"):
+        sh(lab, host, f"{conda} tos accept --override-channels --channel {shlex.quote(ch)}")
+    sh(lab, host, create)
+    r = sh(lab, host, f"{conda} run -n verl-p40 python -c 'import sys; print(sys.prefix)'")
+    assert r.stdout.strip() == "/root/mc/envs/verl-p40"
+    assert "/root/mc/envs/verl-p40" in sh(lab, host, f"{conda} env list --json").stdout
+    sh(lab, host, f"{conda} env remove -n verl-p40 -y")
+    assert "verl-p40" not in sh(lab, host, f"{conda} env list --json").stdout
