@@ -307,3 +307,33 @@ def test_verl_remote_clone_tags_and_version(tmp_path):
 
     again = verl_remote.build_verl_remote(tmp_path / "git" / "verl.git", cache_dir())
     assert again == info
+
+
+# --- pinned dependency sets ------------------------------------------------------------------
+
+
+def _pins(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "files" / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            pkg, _, ver = line.partition("==")
+            assert ver, f"{name}: {line!r} is not pinned with =="
+            pins[pkg.lower()] = ver
+    return pins
+
+
+@pytest.mark.parametrize("name", ["verl-requirements-v0.5.0.txt", "verl-requirements-lab.txt"])
+def test_requirements_pinned_and_keep_torch(name):
+    pins = _pins(name)
+    for pkg in ("numpy", "ray", "tensordict", "transformers", "omegaconf", "packaging", "pandas"):
+        assert pkg in pins, pkg
+    movers = {"torch", "vllm", "sglang", "flash-attn", "flash_attn", "torchvision", "triton"}
+    assert not movers & set(pins)
+    assert pins["tensordict"] == "0.9.1" and pins["numpy"].startswith("1.")
+
+
+def test_requirements_direct_pins_agree():
+    real, lab = _pins("verl-requirements-v0.5.0.txt"), _pins("verl-requirements-lab.txt")
+    for pkg in ("numpy", "ray", "tensordict", "transformers", "omegaconf", "hydra-core", "pandas"):
+        assert real[pkg] == lab[pkg], pkg
