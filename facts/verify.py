@@ -1,0 +1,107 @@
+"""The verify probe: ONE read-only shell script per host, its raw answers parsed into sections.
+
+The script is ``files/verify-probe.sh.j2`` rendered with the host's paths (every value
+shell-quoted). It changes nothing on the host (no bytecode written, git without optional locks)
+and always exits 0, so the fact never fails a host: what went wrong is in the answers, which
+``p40fleet.checks`` turns into PASS/FAIL/SKIP checks. Output format: see the template's header
+or :func:`p40fleet.checks.parse_probe`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from p40fleet.checks import ProbeAnswers, parse_probe
+
+__all__ = [
+    "PROBE_TEMPLATE",
+    "SMI_FIELDS",
+    "SMI_FIELDS_R470",
+    "VerifyProbe",
+    "render_probe",
+]
+
+PROBE_TEMPLATE = Path(__file__).resolve().parent.parent / "files" / "verify-probe.sh.j2"
+#: nvidia-smi --query-gpu fields the probe asks for (R470 has no compute_cap: asked without it).
+SMI_FIELDS = "index,name,pci.bus_id,pci.device_id,compute_cap,driver_version"
+SMI_FIELDS_R470 = "index,name,pci.bus_id,pci.device_id,driver_version"
+#: Limit for each Python snippet (``import verl`` loads torch, ray, transformers).
+PYTHON_TIMEOUT_S = 300
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env.from_string(PROBE_TEMPLATE.read_text())
+
+
+def render_probe(
+    *,
+    cuda_dir: str,
+    cudnn_tree: str,
+    python: str,
+    apex_key_file: str,
+    verl_checkout: str,
+    verl_ref: str,
+    patch_record: str,
+) -> str:
+    """The probe script for these paths (a POSIX sh script)."""
+    return _template().render(
+        cuda_dir=cuda_dir.rstrip("/") or "/",
+        cudnn_tree=cudnn_tree.rstrip("/") or "/",
+        python=python,
+        apex_key_file=apex_key_file,
+        verl_checkout=verl_checkout.rstrip("/") or "/",
+        verl_ref=verl_ref,
+        patch_record=patch_record,
+        smi_fields=SMI_FIELDS,
+        smi_fields_r470=SMI_FIELDS_R470,
+        python_timeout=PYTHON_TIMEOUT_S,
+        noise_lines=6,
+    )
+
+
+class VerifyProbe(FactBase[ProbeAnswers]):
+    """
+    Returns the raw answers of the verify probe (``ProbeAnswers``: sections of key=value lines,
+    JSON answers and exit codes). Read-only; never fails the host.
+    """
+
+    @staticmethod
+    @override
+    def default() -> ProbeAnswers:
+        return ProbeAnswers()
+
+    @override
+    def command(
+        self,
+        cuda_dir: str,
+        cudnn_tree: str,
+        python: str,
+        apex_key_file: str,
+        verl_checkout: str,
+        verl_ref: str,
+        patch_record: str,
+    ) -> str:
+        return render_probe(
+            cuda_dir=cuda_dir,
+            cudnn_tree=cudnn_tree,
+            python=python,
+            apex_key_file=apex_key_file,
+            verl_checkout=verl_checkout,
+            verl_ref=verl_ref,
+            patch_record=patch_record,
+        )
+
+    @override
+    def process(self, output: list[str]) -> ProbeAnswers:
+        return parse_probe(output)

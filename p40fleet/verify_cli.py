@@ -1,0 +1,198 @@
+"""``python -m p40fleet.verify``: verify a fleet, print one table, exit 0 / 1 / 2.
+
+    python -m p40fleet.verify INVENTORY [--json PATH] [--limit HOST]... [-v] [-q]
+
+Runs ``python -m pyinfra -y INVENTORY deploy/verify.py`` (read-only: it changes nothing) with
+the report path in ``$P40FLEET_REPORT``, then prints the fleet table from that report.
+
+Exit status (the DeepOps validators' contract):
+
+* 0 — every host passed (SKIPs allowed);
+* 1 — a host failed a check, was refused (bad stack spec) or could not be reached;
+* 2 — usage or environment error: bad arguments, no such inventory file, pyinfra missing, or
+  pyinfra stopped before the verification produced a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from p40fleet import report
+
+__all__ = ["DEPLOY", "REPO", "main", "pyinfra_command"]
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy" / "verify.py"
+#: Lines of pyinfra's output kept to explain an environment error.
+_TAIL = 40
+
+
+class UsageError(Exception):
+    """Exit 2 with this message."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own: print usage, exit 2
+        self.print_usage(sys.stderr)
+        self.exit(report.EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m p40fleet.verify",
+        description="Verify the P40 verl stack on every host of an inventory (changes nothing). "
+        "Exit 0: all hosts pass; 1: a host fails or is unreachable; 2: usage/environment error.",
+    )
+    parser.add_argument(
+        "inventory",
+        metavar="INVENTORY",
+        help="pyinfra inventory: a file (inventories/sim.py), @local, or host[,host...]",
+    )
+    parser.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
+    parser.add_argument(
+        "--limit",
+        metavar="HOST",
+        action="append",
+        default=[],
+        help="verify only this host or group (repeatable; passed to pyinfra --limit)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="one table row per check, PASS included"
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="hide pyinfra's output (shown on error)"
+    )
+    return parser
+
+
+def _inventory_arg(value: str) -> str:
+    """An existing inventory file as an absolute path, or a pyinfra host list as given."""
+    if value.startswith("@") or "," in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_file():
+        return str(path.resolve())
+    if path.exists():
+        raise UsageError(f"inventory {value} is not a file")
+    if value.endswith(".py") or os.sep in value:
+        raise UsageError(f"inventory file {value} does not exist")
+    return value  # a bare host name: pyinfra connects to it over SSH
+
+
+def _json_arg(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser().resolve()
+    if path.is_dir():
+        raise UsageError(f"--json {value} is a directory, expected a file path")
+    if not path.parent.is_dir():
+        raise UsageError(f"--json {value}: directory {path.parent} does not exist")
+    return path
+
+
+def pyinfra_command(inventory: str, limits: Sequence[str] = ()) -> list[str]:
+    """The pyinfra command line the CLI runs."""
+    command = [sys.executable, "-m", "pyinfra", "-y", inventory, str(DEPLOY)]
+    for limit in limits:
+        command += ["--limit", limit]
+    return command
+
+
+def _run_pyinfra(command: list[str], env: dict[str, str], quiet: bool) -> tuple[int, list[str]]:
+    """Run pyinfra from the repo root, streaming its output (unless quiet); keep the tail."""
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL)
+    with subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+            if not quiet:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+        rc = proc.wait()
+    return rc, list(tail)
+
+
+def _env(report_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env[report.REPORT_ENV] = str(report_path)
+    env["P40FLEET_VERIFY_TABLE"] = "0"  # this CLI prints the table itself
+    paths = [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def _fail(message: str, code: int = report.EXIT_USAGE) -> int:
+    print(f"p40fleet.verify: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        inventory = _inventory_arg(args.inventory)
+        json_path = _json_arg(args.json)
+    except UsageError as exc:
+        return _fail(str(exc))
+    if importlib.util.find_spec("pyinfra") is None:
+        return _fail(f"pyinfra is not installed for {sys.executable} (pip install 'pyinfra>=3.10')")
+    if not DEPLOY.is_file():
+        return _fail(f"{DEPLOY} is missing")
+
+    with tempfile.TemporaryDirectory(prefix="p40fleet-verify-") as tmp:
+        report_path = Path(tmp) / "report.json"
+        command = pyinfra_command(inventory, args.limit)
+        try:
+            rc, tail = _run_pyinfra(command, _env(report_path), args.quiet)
+        except OSError as exc:
+            return _fail(f"cannot run pyinfra: {exc}")
+        if not report_path.is_file():
+            return _no_report(rc, tail, args.quiet)
+        try:
+            fleet = report.load_report(report_path)
+        except report.ReportError as exc:
+            return _fail(str(exc))
+
+    report.print_report(fleet, verbose=args.verbose)
+    if json_path is not None:
+        report.write_report(fleet, json_path)
+        print(f"report: {json_path}")
+    code = report.exit_code(fleet)
+    if code == report.EXIT_OK and rc != 0:
+        print(
+            f"p40fleet.verify: every host passed but pyinfra exited {rc}: see its output above",
+            file=sys.stderr,
+        )
+        code = report.EXIT_FAIL
+    return code
+
+
+def _no_report(rc: int, tail: list[str], quiet: bool) -> int:
+    """pyinfra ended without a report: no host reached (1), or it failed before verifying (2)."""
+    text = "\n".join(tail)
+    if quiet and tail:
+        print(text, file=sys.stderr)
+    if "No hosts remaining" in text and "Preparing operation" not in text:
+        return _fail("no host could be reached: nothing was verified", report.EXIT_FAIL)
+    return _fail(f"pyinfra exited {rc} before the verification wrote its report")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

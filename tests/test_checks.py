@@ -1,0 +1,532 @@
+"""p40fleet.checks: crafted probe outputs -> PASS / FAIL / SKIP, and the real probe script.
+
+The crafted outputs are what ``files/verify-probe.sh.j2`` prints (sections of key=value lines,
+``@@json`` answers, raw command output, ``@@rc``). The last tests render the real probe and run
+it with ``sh`` against a fake CUDA/cuDNN tree and a fake conda env in tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from facts.gpu import PciGpu
+from facts.verify import VerifyProbe, render_probe
+from p40fleet.checks import (
+    CHECK_NAMES,
+    FAIL,
+    PASS,
+    SKIP,
+    Check,
+    host_verdict,
+    parse_probe,
+    run_checks,
+    spec_failure,
+)
+from p40fleet.gpu_catalog import lookup
+from p40fleet.spec import load_spec
+from p40fleet.verl_patches import rule_set
+
+SPEC = load_spec("lab1", {})
+KERNEL = "5.4.0-150-generic"
+COMMIT = SPEC.verl.commit
+APEX_KEY = "25.09-4bdecd06b3c4_torch2.6.0-cu118_cuda11.8.0_sm6.1_py3.10_cpp-cuda"
+PASCAL_RULES = [r.id for r in rule_set("v0.5.0", "pascal").rules]
+PATCHED = sorted({r.file for r in rule_set("v0.5.0", "pascal").rules})
+SHA = {f: f"{i:064x}" for i, f in enumerate(PATCHED)}
+
+
+def p40(bus: str, device: int = 0x1B38) -> PciGpu:
+    return PciGpu(
+        bus_id=bus,
+        vendor_id=0x10DE,
+        device_id=device,
+        pci_class=0x030200,
+        subsystem_vendor=0x10DE,
+        subsystem_device=0x11D9,
+        model=lookup(device),
+    )
+
+
+GPUS = [p40("0000:00:06.0"), p40("0000:00:07.0")]
+
+
+def smi_row(index: int, bus: str, driver: str = "525.147.05", dev: str = "0x1B3810DE") -> str:
+    return f"{index}, Tesla P40, 0000{bus}, {dev}, 6.1, {driver}"
+
+
+def sections(**over: list[str] | None) -> dict[str, list[str]]:
+    """The P40 PASS case, section by section; ``over`` replaces (None: drops) sections."""
+    base: dict[str, list[str] | None] = {
+        "host": ["sim=no", f"kernel={KERNEL}", "nouveau=absent", "@@rc 0"],
+        "modinfo": ["525.147.05", "@@rc 0"],
+        "dkms": [f"nvidia/525.147.05, {KERNEL}, x86_64: installed", "@@rc 0"],
+        "nvidia-smi": [
+            "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
+            smi_row(0, "0000:00:06.0"),
+            smi_row(1, "0000:00:07.0"),
+            "@@rc 0",
+        ],
+        "nvcc": [
+            "nvcc: NVIDIA (R) Cuda compiler driver",
+            "Cuda compilation tools, release 11.8, V11.8.89",
+            "@@rc 0",
+        ],
+        "cudnn-header": [
+            "#define CUDNN_MAJOR 8",
+            "#define CUDNN_MINOR 9",
+            "#define CUDNN_PATCHLEVEL 7",
+            "@@rc 0",
+        ],
+        "cudnn-files": [
+            "tree=/usr/local/src/cudnn",
+            "cuda_dir=/usr/local/cuda-11.8",
+            "src 2049 100 2 regular_file include/cudnn_version.h",
+            "src 2049 101 2 regular_file lib/libcudnn.so.8.9.7",
+            "src 2049 102 2 symbolic_link lib/libcudnn.so.8",
+            "dst 2049 100 2 regular_file include/cudnn_version.h",
+            "dst 2049 101 2 regular_file lib64/libcudnn.so.8.9.7",
+            "dst 2049 102 2 symbolic_link lib64/libcudnn.so.8",
+            "@@rc 0",
+        ],
+        "python": [
+            '@@json {"version": "3.10.12", "executable": "/home/verl/miniconda3/envs/verl-p40/'
+            'bin/python"}',
+            "@@rc 0",
+        ],
+        "torch": [
+            "! a warning from somewhere=1",
+            "@@json "
+            + json.dumps(
+                {
+                    "version": "2.6.0+cu118",
+                    "cuda_version": "11.8",
+                    "cuda_available": True,
+                    "device_count": 2,
+                    "capability": [6, 1],
+                    "capabilities": [[6, 1], [6, 1]],
+                }
+            ),
+            "@@rc 0",
+        ],
+        "verl": [
+            '@@json {"version": "0.5.0", "file": "/home/verl/verl/verl/__init__.py"}',
+            "@@rc 0",
+        ],
+        "apex": [
+            "@@json "
+            + json.dumps(
+                {m: "ok" for m in ("torch", "apex", "apex_C", "amp_C", "fused_layer_norm_cuda")}
+            ),
+            "@@rc 0",
+        ],
+        "apex-key": [f"key={APEX_KEY}", "@@rc 0"],
+        "verl-git": [f"head={COMMIT}", f"ref={COMMIT}"]
+        + [f"modified={f}" for f in PATCHED]
+        + ["@@rc 0"],
+        "verl-patches": [
+            "@@json "
+            + json.dumps(
+                {
+                    "ref": "v0.5.0",
+                    "profile": "pascal",
+                    "rule_ids": PASCAL_RULES,
+                    "files": SHA,
+                    "found": SHA,
+                }
+            ),
+            "@@rc 0",
+        ],
+    }
+    base.update(over)
+    lines = ["@@p40fleet-verify 1"]
+    for name, body in base.items():
+        if body is not None:
+            lines += [f"@@section {name}", *body]
+    return lines + ["@@end"]
+
+
+def checks_for(lines: list[str], gpus=GPUS, spec=SPEC, apex_key=APEX_KEY) -> dict[str, Check]:
+    result = run_checks(parse_probe(lines), spec, gpus, apex_key=apex_key)
+    assert [c.name for c in result] == [n for n in CHECK_NAMES if n in {c.name for c in result}]
+    return {c.name: c for c in result}
+
+
+def status(checks: dict[str, Check]) -> dict[str, str]:
+    return {name: c.status for name, c in checks.items()}
+
+
+def only_failures(checks: dict[str, Check]) -> set[str]:
+    return {name for name, c in checks.items() if c.status == FAIL}
+
+
+# --- the PASS case ---------------------------------------------------------------------------
+
+
+def test_p40_pass_case():
+    checks = checks_for(sections())
+    assert only_failures(checks) == set(), {n: c.detail for n, c in checks.items()}
+    assert all(c.status == PASS for c in checks.values())
+    assert checks["torch version"].detail == "2.6.0+cu118 True (6, 1)"
+    assert "(6, 1)" in checks["torch capability"].detail
+    assert checks["gpus"].detail.startswith("2× Tesla P40 (cc 6.1, profile pascal)")
+    assert host_verdict(checks.values()) == PASS
+    assert "probe" not in checks
+
+
+def test_parse_probe_sections_and_noise():
+    answers = parse_probe(sections())
+    assert answers.started and answers.complete
+    torch = answers.section("torch")
+    assert torch.rc == 0 and torch.answer["version"] == "2.6.0+cu118"
+    assert torch.noise == ["a warning from somewhere=1"]
+    assert torch.get("a warning") is None  # noise is never a key=value answer
+    assert answers.section("verl-git").values("modified") == PATCHED
+
+
+# --- one thing wrong at a time ---------------------------------------------------------------
+
+
+def test_wrong_torch_version():
+    torch = {"version": "2.5.1+cu118", "cuda_version": "11.8", "cuda_available": True}
+    torch |= {"device_count": 2, "capability": [6, 1], "capabilities": [[6, 1], [6, 1]]}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
+    assert only_failures(checks) == {"torch version"}
+    bad = checks["torch version"]
+    assert "2.5.1+cu118" in bad.detail and "2.6.0+cu118" in bad.detail
+    assert "force_reinstall" in bad.remedy and "deploy/python.py" in bad.remedy
+
+
+def test_cuda_unavailable():
+    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": False}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
+    assert only_failures(checks) == {"torch cuda"}
+    assert "is_available() is False" in checks["torch cuda"].detail
+    assert checks["torch cuda"].remedy
+    assert checks["torch capability"].status == SKIP  # not measurable, not a faked PASS
+
+
+def test_capability_mismatch():
+    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": True}
+    torch |= {"device_count": 1, "capability": [7, 0], "capabilities": [[7, 0]]}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
+    assert only_failures(checks) == {"torch capability"}
+    assert "7.0" in checks["torch capability"].detail and "6.1" in checks["torch capability"].detail
+
+
+def test_lowest_capability_on_a_mixed_host():
+    gpus = [p40("0000:00:06.0"), p40("0000:00:07.0", device=0x15F8)]  # P40 6.1 + P100 6.0
+    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": True}
+    torch |= {"device_count": 2, "capability": [6, 1], "capabilities": [[6, 1], [6, 0]]}
+    lines = sections(torch=["@@json " + json.dumps(torch), "@@rc 0"])
+    checks = checks_for(lines, gpus=gpus)
+    assert checks["torch capability"].status == PASS
+    assert "6.0" in checks["torch capability"].detail
+
+
+def test_nvidia_smi_missing_a_gpu():
+    smi = sections()[sections().index("@@section nvidia-smi") + 1 :][:4]
+    smi = [smi[0], smi[1], "@@rc 0"]  # only the GPU at 00:06.0
+    checks = checks_for(sections(**{"nvidia-smi": smi}))
+    assert only_failures(checks) == {"nvidia-smi gpus"}
+    detail = checks["nvidia-smi gpus"].detail
+    assert "1 of the 2 GPUs" in detail and "0000:00:07.0" in detail and "10de:1b38" in detail
+    assert "dmesg" in checks["nvidia-smi gpus"].remedy
+
+
+def test_driver_mismatch():
+    smi = [
+        "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
+        smi_row(0, "0000:00:06.0", driver="535.183.01"),
+        smi_row(1, "0000:00:07.0", driver="535.183.01"),
+        "@@rc 0",
+    ]
+    checks = checks_for(
+        sections(
+            **{"nvidia-smi": smi},
+            modinfo=["535.183.01", "@@rc 0"],
+            dkms=[f"nvidia/535.183.01, {KERNEL}, x86_64: installed", "@@rc 0"],
+        )
+    )
+    assert only_failures(checks) == {"nvidia-smi driver", "driver installed", "dkms"}
+    assert "535.183.01" in checks["nvidia-smi driver"].detail
+    assert "expected 525.147.05" in checks["nvidia-smi driver"].detail
+    assert "modinfo: nvidia 535.183.01 installed" in checks["driver installed"].detail
+
+
+def test_driver_not_loaded():
+    smi = [
+        "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        "@@rc 9",
+    ]
+    checks = checks_for(sections(**{"nvidia-smi": smi}))
+    assert only_failures(checks) == {"nvidia-smi gpus", "nvidia-smi driver"}
+    assert "exit 9" in checks["nvidia-smi driver"].detail
+    assert "reboot" in checks["nvidia-smi driver"].remedy
+
+
+def test_dkms_old_format_and_other_kernel():
+    old = [f"nvidia, 525.147.05, {KERNEL}, x86_64: installed", "@@rc 0"]
+    assert checks_for(sections(dkms=old))["dkms"].status == PASS
+    other = ["nvidia/525.147.05, 5.4.0-99-generic, x86_64: installed", "@@rc 0"]
+    bad = checks_for(sections(dkms=other))["dkms"]
+    assert bad.status == FAIL and KERNEL in bad.detail and "5.4.0-99-generic" in bad.detail
+    missing = checks_for(sections(dkms=["missing=dkms", "@@rc 127"]))["dkms"]
+    assert missing.status == FAIL and missing.detail == "dkms is not installed"
+
+
+def test_nvcc_12():
+    nvcc = ["Cuda compilation tools, release 12.1, V12.1.105", "@@rc 0"]
+    checks = checks_for(sections(nvcc=nvcc))
+    assert only_failures(checks) == {"nvcc"}
+    assert (
+        "release 12.1" in checks["nvcc"].detail and "expected release 11.8" in checks["nvcc"].detail
+    )
+    assert "'cuda'" in checks["nvcc"].remedy
+
+
+def test_cudnn_not_hard_linked():
+    files = sections()[sections().index("@@section cudnn-files") + 1 :][:9]
+    files[6] = "dst 2049 555 1 regular_file lib64/libcudnn.so.8.9.7"  # a copy: other inode
+    checks = checks_for(sections(**{"cudnn-files": files}))
+    assert only_failures(checks) == {"cudnn hard links"}
+    assert "not hard links" in checks["cudnn hard links"].detail
+    assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
+
+
+def test_cudnn_wrong_version_header():
+    header = ["#define CUDNN_MAJOR 8", "#define CUDNN_MINOR 6", "#define CUDNN_PATCHLEVEL 0"]
+    checks = checks_for(sections(**{"cudnn-header": header + ["@@rc 0"]}))
+    assert only_failures(checks) == {"cudnn version"}
+    assert "8.6.0" in checks["cudnn version"].detail
+
+
+def test_verl_version_mismatch():
+    verl = ['@@json {"version": "0.4.1", "file": "/x"}', "@@rc 0"]
+    checks = checks_for(sections(verl=verl))
+    assert only_failures(checks) == {"verl version"}
+    assert "0.4.1" in checks["verl version"].detail and "0.5.0" in checks["verl version"].detail
+
+
+def test_verl_import_error_and_timeout():
+    err = ['@@json {"error": "ModuleNotFoundError: No module named \'ray\'"}', "@@rc 0"]
+    assert "No module named 'ray'" in checks_for(sections(verl=err))["verl version"].detail
+    timeout = ["! still importing", "@@rc 124"]
+    assert "timed out" in checks_for(sections(verl=timeout))["verl version"].detail
+
+
+def test_verl_checkout_and_patches():
+    other = "0" * 40
+    git = [f"head={other}", f"ref={COMMIT}", "@@rc 0"]
+    assert checks_for(sections(**{"verl-git": git}))["verl checkout"].status == FAIL
+    drift = dict(SHA)
+    drift[PATCHED[0]] = "f" * 64
+    rec = {"ref": "v0.5.0", "profile": "pascal", "rule_ids": PASCAL_RULES}
+    rec |= {"files": SHA, "found": drift}
+    bad = checks_for(sections(**{"verl-patches": ["@@json " + json.dumps(rec), "@@rc 0"]}))
+    assert only_failures(bad) == {"verl patches"}
+    assert "local edits" in bad["verl patches"].detail and PATCHED[0] in bad["verl patches"].detail
+    none = checks_for(sections(**{"verl-patches": ["missing=/home/verl/verl/.p40", "@@rc 0"]}))
+    assert none["verl patches"].status == FAIL and "not applied" in none["verl patches"].detail
+
+
+def test_apex_cuda_ext_missing_and_key_mismatch():
+    answer = {m: "ok" for m in ("torch", "apex", "apex_C")}
+    answer |= {
+        "amp_C": "ModuleNotFoundError: No module named 'amp_C'",
+        "fused_layer_norm_cuda": "ok",
+    }
+    checks = checks_for(
+        sections(
+            apex=["@@json " + json.dumps(answer), "@@rc 0"], **{"apex-key": ["key=x", "@@rc 0"]}
+        )
+    )
+    assert only_failures(checks) == {"apex cuda ext", "apex build key"}
+    assert "amp_C" in checks["apex cuda ext"].detail
+
+
+def test_nouveau_loaded():
+    host = ["sim=no", f"kernel={KERNEL}", "nouveau=loaded", "@@rc 0"]
+    checks = checks_for(sections(host=host))
+    assert only_failures(checks) == {"nouveau"}
+    assert "allow_reboot" in checks["nouveau"].remedy
+
+
+# --- simulated host, no GPU, bad spec, broken probe ------------------------------------------
+
+
+def test_simulated_host_skips_instead_of_passing():
+    host = ["sim=yes", f"kernel={KERNEL}", "nouveau=absent", "@@rc 0"]
+    torch = {"version": "2.6.0+cu118", "cuda_version": None, "cuda_available": False}
+    apex = {"torch": "ok", "apex": "ok", "apex_C": "ok", "amp_C": "ModuleNotFoundError: x"}
+    smi = ["fields=x", "garbage from the lab's double", "@@rc 0"]
+    checks = checks_for(
+        sections(
+            host=host,
+            torch=["@@json " + json.dumps(torch), "@@rc 0"],
+            apex=["@@json " + json.dumps(apex), "@@rc 0"],
+            **{"nvidia-smi": smi},
+        )
+    )
+    skipped = {n for n, c in checks.items() if c.status == SKIP}
+    assert skipped == {
+        "nvidia-smi gpus",
+        "nvidia-smi driver",
+        "torch cuda",
+        "torch capability",
+        "apex cuda ext",
+    }
+    assert all("simulated host" in checks[n].detail for n in skipped)
+    assert only_failures(checks) == set()
+    # still checked for real on a simulated host:
+    assert checks["torch version"].status == PASS
+    assert checks["driver installed"].status == PASS
+    assert checks["apex"].status == PASS
+    wrong = dict(torch, version="2.5.1+cpu")
+    sim_bad = checks_for(sections(host=host, torch=["@@json " + json.dumps(wrong), "@@rc 0"]))
+    assert sim_bad["torch version"].status == FAIL
+    bad_driver = checks_for(sections(host=host, modinfo=["535.183.01", "@@rc 0"]))
+    assert bad_driver["driver installed"].status == FAIL
+
+
+def test_cpu_torch_pin_skips_cuda_checks():
+    spec = load_spec("lab1", {"torch": {"version": "2.6.0+cpu"}})
+    torch = {"version": "2.6.0+cpu", "cuda_version": None, "cuda_available": False}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]), spec=spec)
+    for name in ("torch cuda", "torch capability", "apex cuda ext"):
+        assert checks[name].status == SKIP and "CPU build" in checks[name].detail
+    assert checks["torch version"].status == PASS
+
+
+def test_no_gpu_facts_fail_the_host():
+    checks = checks_for(sections(), gpus=[], apex_key=None)
+    assert checks["gpus"].status == FAIL and "no NVIDIA GPU" in checks["gpus"].detail
+    assert checks["verl patches"].status == SKIP
+    assert host_verdict(checks.values()) == FAIL
+
+
+def test_refused_gpu_fails_the_host():
+    checks = checks_for(sections(), gpus=[p40("0000:00:06.0", device=0x2335)])  # H200
+    assert checks["gpus"].status == FAIL and "R525" in checks["gpus"].detail
+
+
+def test_spec_failure_is_one_fail():
+    (check,) = spec_failure(["stack.cuda.sha256 = 'abc': expected 64 hex characters"])
+    assert check.status == FAIL and "stack.cuda.sha256" in check.detail and check.remedy
+    assert host_verdict([check]) == FAIL
+    assert host_verdict([]) == FAIL
+
+
+def test_probe_without_output_or_cut_short():
+    checks = checks_for([])
+    assert set(checks) == {"gpus", "probe"} and checks["probe"].status == FAIL
+    cut = sections()[:20]  # no @@end
+    checks = checks_for(cut)
+    assert checks["probe"].status == FAIL and "stopped early" in checks["probe"].detail
+    assert checks["verl version"].status == FAIL  # its section never came
+
+
+def test_check_rejects_unknown_status():
+    with pytest.raises(ValueError):
+        Check("x", "OK", "")
+
+
+# --- the real probe script ------------------------------------------------------------------
+
+
+def _fake_host(tmp: Path) -> dict[str, str]:
+    """A CUDA dir with nvcc + hard-linked cuDNN, a venv 'conda env' with fake torch/verl/apex."""
+    cuda = tmp / "cuda-11.8"
+    tree = tmp / "src" / "cudnn"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "include").mkdir()
+    (cuda / "lib64").mkdir()
+    (tree / "include").mkdir(parents=True)
+    (tree / "lib").mkdir()
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 11.8, V11.8.89'\n")
+    nvcc.chmod(0o755)
+    (tree / "include" / "cudnn_version.h").write_text(
+        "#define CUDNN_MAJOR 8\n#define CUDNN_MINOR 9\n#define CUDNN_PATCHLEVEL 7\n"
+    )
+    (tree / "lib" / "libcudnn.so.8.9.7").write_bytes(b"\x7fELF")
+    os.symlink("libcudnn.so.8.9.7", tree / "lib" / "libcudnn.so.8")
+    os.link(tree / "include" / "cudnn_version.h", cuda / "include" / "cudnn_version.h")
+    os.link(tree / "lib" / "libcudnn.so.8.9.7", cuda / "lib64" / "libcudnn.so.8.9.7")
+    os.link(tree / "lib" / "libcudnn.so.8", cuda / "lib64" / "libcudnn.so.8", follow_symlinks=False)
+
+    env = tmp / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python3*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        "__version__ = '2.6.0+cu118'\n"
+        "class version:\n    cuda = '11.8'\n"
+        "class cuda:\n"
+        "    is_available = staticmethod(lambda: True)\n"
+        "    device_count = staticmethod(lambda: 1)\n"
+        "    get_device_capability = staticmethod(lambda i=0: (6, 1))\n"
+        "    get_device_name = staticmethod(lambda i=0: 'Tesla P40')\n"
+    )
+    (site / "verl").mkdir()
+    (site / "verl" / "__init__.py").write_text(
+        "import sys\nprint('noisy import=1', file=sys.stderr)\n__version__ = '0.5.0'\n"
+    )
+    (site / "apex").mkdir()
+    (site / "apex" / "__init__.py").write_text("")
+    (site / "apex_C.py").write_text("")
+    key_file = env / ".p40fleet-apex-key"
+    key_file.write_text(APEX_KEY + "\n")
+    return {
+        "cuda_dir": str(cuda),
+        "cudnn_tree": str(tree),
+        "python": str(env / "bin" / "python"),
+        "apex_key_file": str(key_file),
+        "verl_checkout": str(tmp / "verl"),
+        "verl_ref": "v0.5.0",
+        "patch_record": str(tmp / "verl" / ".p40fleet-patches.json"),
+    }
+
+
+def test_real_probe_runs_read_only_and_parses(tmp_path):
+    params = _fake_host(tmp_path)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    script = render_probe(**params)
+    assert VerifyProbe().command(**params) == script
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    answers = VerifyProbe().process(proc.stdout.splitlines())
+    assert answers.started and answers.complete, proc.stdout
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written (no .pyc)
+
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, apex_key=APEX_KEY)}
+    assert checks["nvcc"].status == PASS, checks["nvcc"]
+    assert checks["cudnn version"].status == PASS
+    assert checks["cudnn hard links"].status == PASS, checks["cudnn hard links"].detail
+    assert checks["torch version"].detail == "2.6.0+cu118 True (6, 1)"
+    assert checks["verl version"].status == PASS
+    assert answers.section("verl").noise == ["noisy import=1"]
+    assert checks["apex"].status == PASS
+    assert checks["apex build key"].status == PASS
+    if not answers.section("host").get("sim") == "yes":
+        assert checks["apex cuda ext"].status == FAIL  # the fake apex has no amp_C
+    assert checks["verl checkout"].status == FAIL  # no checkout in tmp
+    assert "no verl checkout" in checks["verl checkout"].detail
+
+
+def test_real_probe_sees_a_copied_cudnn_file(tmp_path):
+    params = _fake_host(tmp_path)
+    lib = Path(params["cuda_dir"]) / "lib64" / "libcudnn.so.8.9.7"
+    lib.unlink()
+    lib.write_bytes(b"\x7fELF")  # a copy, not a hard link
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    checks = {c.name: c for c in run_checks(parse_probe(proc.stdout.splitlines()), SPEC, GPUS)}
+    assert checks["cudnn hard links"].status == FAIL
+    assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
+    assert checks["apex build key"].status == SKIP  # no expected key given
