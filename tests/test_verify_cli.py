@@ -1,0 +1,214 @@
+"""python -m p40fleet.verify: exit 0 / 1 / 2, and deploy/verify.py under plain pyinfra.
+
+This machine has no NVIDIA GPU, so ``@local`` verifies as FAIL (exit 1). The all-PASS path (exit
+0) runs the CLI with a fake pyinfra that writes a passing report where ``$P40FLEET_REPORT``
+says. An unreachable host is an SSH host on a closed local port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p40fleet import report, verify_cli
+from p40fleet.checks import PASS, SKIP, Check
+
+REPO = Path(__file__).resolve().parent.parent
+DEAD = '("deadhost", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})'
+
+
+def run_cli(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "p40fleet.verify", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# --- 2: usage / environment errors -----------------------------------------------------------
+
+
+def test_missing_inventory_file_is_2(tmp_path):
+    proc = run_cli(str(tmp_path / "nope.py"))
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
+
+
+def test_bad_args_are_2():
+    assert run_cli().returncode == 2  # no inventory
+    proc = run_cli("@local", "--bogus")
+    assert proc.returncode == 2 and "unrecognized arguments" in proc.stderr
+    assert run_cli("@local", "--json").returncode == 2  # option without its value
+
+
+def test_json_into_missing_dir_is_2(tmp_path):
+    proc = run_cli("@local", "--json", str(tmp_path / "no" / "such" / "r.json"))
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_pyinfra_failing_before_verifying_is_2(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text("this is not python\n")
+    proc = run_cli(str(inventory), "-q")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "before the verification wrote its report" in proc.stderr
+
+
+# --- 1: a host fails / is unreachable ---------------------------------------------------------
+
+
+def test_local_without_gpu_is_1_with_report(tmp_path):
+    out = tmp_path / "report.json"
+    proc = run_cli("@local", "--json", str(out))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    host = data["hosts"]["@local"]
+    assert host["verdict"] == "FAIL"
+    gpus = next(c for c in host["checks"] if c["name"] == "gpus")
+    assert gpus["status"] == "FAIL" and "no NVIDIA GPU" in gpus["detail"]
+    assert data["summary"]["fail"] == 1
+    assert "p40fleet verify: 0/1 hosts pass" in proc.stdout  # the CLI's table
+    assert proc.stdout.count("p40fleet verify:") == 1  # printed once (not also by the deploy)
+
+
+def test_refused_spec_is_1(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text('hosts = [("@local", {"stack": {"cuda": {"sha256": "abc"}}})]\n')
+    out = tmp_path / "r.json"
+    proc = run_cli(str(inventory), "-q", "--json", str(out))
+    assert proc.returncode == 1
+    (check,) = json.loads(out.read_text())["hosts"]["@local"]["checks"]
+    assert check["name"] == "stack spec" and "stack.cuda.sha256" in check["detail"]
+
+
+def test_unreachable_host_is_1(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f'hosts = ["@local", {DEAD}]\n')
+    out = tmp_path / "r.json"
+    proc = run_cli(str(inventory), "-q", "--json", str(out))
+    assert proc.returncode == 1
+    data = json.loads(out.read_text())
+    assert data["hosts"]["deadhost"]["verdict"] == "UNREACHABLE"
+    assert data["summary"]["unreachable"] == 1
+    assert "UNREACHABLE" in proc.stdout
+
+
+def test_no_host_reachable_is_1(tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"hosts = [{DEAD}]\n")
+    proc = run_cli(str(inventory), "-q")
+    assert proc.returncode == 1
+    assert "no host could be reached" in proc.stderr
+
+
+# --- 0: every host passes (fake pyinfra) ------------------------------------------------------
+
+FAKE_PYINFRA = """
+import json, os, sys
+from p40fleet import report
+from p40fleet.checks import Check
+checks = [Check("torch version", "PASS", "2.6.0+cu118 True (6, 1)"),
+          Check("torch cuda", "SKIP", "simulated host: no real GPU behind torch.cuda")]
+report.write_report(report.build_report({"lab1": report.host_entry(checks)}),
+                    os.environ["P40FLEET_REPORT"])
+print("fake pyinfra args:", " ".join(sys.argv[1:]))
+sys.exit(int(os.environ.get("FAKE_RC", "0")))
+"""
+
+
+@pytest.fixture
+def fake_pyinfra(tmp_path, monkeypatch):
+    script = tmp_path / "fake_pyinfra.py"
+    script.write_text(FAKE_PYINFRA)
+
+    def command(inventory, limits=()):
+        args = [sys.executable, str(script), inventory]
+        for limit in limits:
+            args += ["--limit", limit]
+        return args
+
+    monkeypatch.setattr(verify_cli, "pyinfra_command", command)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    return script
+
+
+def test_all_pass_is_0(fake_pyinfra, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = verify_cli.main(["@local", "--limit", "lab1", "--limit", "lab2", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "fake pyinfra args: @local --limit lab1 --limit lab2" in printed
+    assert "1/1 hosts pass" in printed
+    assert report.load_report(out)["summary"]["verdict"] == PASS
+
+
+def test_pass_report_but_pyinfra_failed_is_1(fake_pyinfra, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_RC", "1")
+    assert verify_cli.main(["@local", "-q"]) == 1
+    assert "pyinfra exited 1" in capsys.readouterr().err
+
+
+def test_pyinfra_command_line():
+    command = verify_cli.pyinfra_command("/x/inv.py", ["lab1", "lab2"])
+    assert command[:4] == [sys.executable, "-m", "pyinfra", "-y"]
+    assert command[4:] == [
+        "/x/inv.py",
+        str(REPO / "deploy" / "verify.py"),
+        "--limit",
+        "lab1",
+        "--limit",
+        "lab2",
+    ]
+
+
+def test_skip_only_host_passes():
+    entry = report.host_entry([Check("torch cuda", SKIP, "simulated host")])
+    assert entry["verdict"] == PASS
+
+
+# --- deploy/verify.py under plain pyinfra ------------------------------------------------------
+
+
+def run_pyinfra(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != report.REPORT_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_plain_pyinfra_prints_table_and_fails_the_host(tmp_path):
+    out = tmp_path / "r.json"
+    proc = run_pyinfra("@local", "deploy/verify.py", env_extra={report.REPORT_ENV: str(out)})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text
+    assert text.count("p40fleet verify: 0/1 hosts pass") == 1, text
+    assert "Verify: " in text and "check(s) failed" in text
+    assert "host @local: verify: gpus: no NVIDIA GPU found" in text
+    assert "Traceback" not in text
+    assert json.loads(out.read_text())["hosts"]["@local"]["verdict"] == "FAIL"
+
+
+def test_plain_pyinfra_dry_changes_nothing():
+    proc = run_pyinfra("@local", "deploy/verify.py", "--dry")
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text
+    assert "p40fleet verify:" in text and "Traceback" not in text
