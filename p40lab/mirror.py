@@ -680,7 +680,11 @@ def ensure_mirror(
     except ImportError:  # pragma: no cover
         lab_state = None
     if lab_state is not None and hasattr(lab_state, "set_stack_overrides"):
-        lab_state.set_stack_overrides(stack_overrides(pins))
+        from p40lab import sim_stack
+
+        python = sim_stack.build_python_mirror(mirror_dir, base_url)
+        stack = sim_stack.sim_stack(pins, python, base_url, sim_stack.base_python_version())
+        lab_state.set_stack_overrides(stack, replace=True)
     return pins
 
 
