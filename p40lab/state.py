@@ -1,0 +1,156 @@
+"""Lab paths, constants and the state file.
+
+The state file is JSON at ``$P40LAB_STATE`` or ``/var/lib/p40lab/state.json``::
+
+    {
+      "version": 1, "up": true, "up_since": 1700000000.0,
+      "bridge": "labbr0", "controller_ip": "10.231.0.1", "subnet": "10.231.0.0/24",
+      "base": "/var/cache/p40lab/base-bookworm", "lab_dir": "/var/lib/p40lab",
+      "ssh_key": ".../id_ed25519", "ssh_pubkey": ".../id_ed25519.pub",
+      "known_hosts": ".../known_hosts", "mirror_url": "http://10.231.0.1:8111",
+      "hosts": [{"name": "lab1", "ip": "10.231.0.11", "layout": "4xP40",
+                 "gpus": ["10de:1b38", ...], "os": "ubuntu20.04", "headers": true,
+                 "root": ".../hosts/lab1/root", "upper": ".../hosts/lab1/upper",
+                 "supervisor_pid": 1234}],
+      "stack": {...}        # host data `stack` overrides for sim hosts (set_stack_overrides)
+    }
+
+Every change goes through :func:`update` (load, modify, save under an flock), so the mirror
+engineer's :func:`set_stack_overrides` during ``up`` is never overwritten by a stale copy.
+The file outlives ``down`` (``"up": false``, hosts kept for reference, ``stack`` kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+LAB_DIR = Path(os.environ.get("P40LAB_DIR", "/var/lib/p40lab"))
+CACHE_DIR = Path(os.environ.get("P40LAB_CACHE", "/var/cache/p40lab"))
+SUITE = "bookworm"
+BASE_DIR = CACHE_DIR / f"base-{SUITE}"
+
+BRIDGE = "labbr0"
+NET = "10.231.0"
+CONTROLLER_IP = f"{NET}.1"
+SUBNET = f"{NET}.0/24"
+FIRST_HOST_OCTET = 11
+HOST_PREFIX = "lab"
+MIRROR_PORT = 8111
+MIRROR_URL = f"http://{CONTROLLER_IP}:{MIRROR_PORT}"
+
+SSH_KEY = LAB_DIR / "id_ed25519"
+KNOWN_HOSTS = LAB_DIR / "known_hosts"
+HOSTKEYS_DIR = LAB_DIR / "hostkeys"
+HOSTS_DIR = LAB_DIR / "hosts"
+RUN_DIR = LAB_DIR / "run"  # supervisor pid files, stop flags, boot counters, logs
+
+
+class LabError(RuntimeError):
+    """An error the CLI prints as one clear line (no traceback)."""
+
+
+def state_path() -> Path:
+    return Path(os.environ.get("P40LAB_STATE", str(LAB_DIR / "state.json")))
+
+
+def host_ip(index: int) -> str:
+    """lab1 -> 10.231.0.11 (index is 1-based)."""
+    return f"{NET}.{FIRST_HOST_OCTET - 1 + index}"
+
+
+def host_name(index: int) -> str:
+    return f"{HOST_PREFIX}{index}"
+
+
+def load() -> dict[str, Any]:
+    """The state as a dict ({} when there is no state file)."""
+    try:
+        return json.loads(state_path().read_text())
+    except FileNotFoundError:
+        return {}
+    except json.JSONDecodeError as exc:
+        raise LabError(f"corrupt lab state {state_path()}: {exc}") from exc
+
+
+def _save(data: dict[str, Any]) -> None:
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".state.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def update(fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Load the state, let ``fn`` modify it in place, save it; returns a copy of the result."""
+    with _locked():
+        data = load()
+        fn(data)
+        _save(data)
+        return copy.deepcopy(data)
+
+
+def _deep_merge(dst: dict[str, Any], src: dict[str, Any]) -> None:
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _deep_merge(dst[key], value)
+        else:
+            dst[key] = copy.deepcopy(value)
+
+
+def set_stack_overrides(overrides: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
+    """Set host data ``stack`` for sim hosts (``inventories/sim.py`` reads ``state["stack"]``).
+
+    Deep-merged into what is there unless ``replace``; returns the resulting stack dict.
+    """
+
+    def apply(data: dict[str, Any]) -> None:
+        if replace or not isinstance(data.get("stack"), dict):
+            data["stack"] = {}
+        _deep_merge(data["stack"], overrides)
+
+    return update(apply)["stack"]
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie still answers kill(0): look at its state
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def is_up(data: dict[str, Any] | None = None) -> bool:
+    data = load() if data is None else data
+    return bool(data.get("up")) and bool(data.get("hosts"))
