@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -427,9 +428,10 @@ def _wait_ready(hosts: list[dict], timeout: float = 30.0) -> None:
 def mirror_hook(action: str, data: dict | None = None) -> bool:
     """Call p40lab.mirror (the doubles engineer's module) if it exists.
 
-    ``start``: ``mirror.ensure_mirror(state)`` then ``mirror.start_server(state)``;
-    ``stop``: ``mirror.stop_server()``. ``state`` is the lab state dict (see p40lab.state);
-    use ``p40lab.state.set_stack_overrides`` to publish pins. Returns False when absent.
+    ``start``: ``mirror.ensure_mirror(state)`` (state = the lab state dict, see p40lab.state;
+    it publishes pins with ``p40lab.state.set_stack_overrides``) then ``mirror.start_server()``
+    (its defaults: the mirror dir, bound to 10.231.0.1:8111 only); ``stop``:
+    ``mirror.stop_server()``. Returns False when the module is absent.
     """
     try:
         mirror = importlib.import_module("p40lab.mirror")
@@ -440,13 +442,21 @@ def mirror_hook(action: str, data: dict | None = None) -> bool:
             log("p40lab.mirror is absent: no artifact mirror on "
                 f"{st.MIRROR_URL} (hosts up without doubles)")  # fmt: skip
         return False
-    if action == "start":
-        t0 = time.monotonic()
-        mirror.ensure_mirror(data)
-        mirror.start_server(data)
-        log(f"mirror ready on {st.MIRROR_URL} ({time.monotonic() - t0:.1f} s)")
-    else:
-        mirror.stop_server()
+    step = "ensure_mirror"
+    try:
+        if action == "start":
+            t0 = time.monotonic()
+            mirror.ensure_mirror(data)
+            step = "start_server"
+            mirror.start_server()
+            log(f"mirror ready on {st.MIRROR_URL} ({time.monotonic() - t0:.1f} s)")
+        else:
+            step = "stop_server"
+            mirror.stop_server()
+    except Exception as exc:
+        log("".join(traceback.format_exc()).rstrip())
+        hint = " (`up --no-mirror` starts the lab without it)" if action == "start" else ""
+        raise LabError(f"p40lab.mirror.{step} failed: {type(exc).__name__}: {exc}{hint}") from exc
     return True
 
 
@@ -454,7 +464,8 @@ def mirror_hook(action: str, data: dict | None = None) -> bool:
 
 
 def lab_processes() -> list[int]:
-    """Live (non-zombie) processes of the lab: supervisors and anything chrooted in a host."""
+    """Live (non-zombie) processes of the lab: supervisors, the mirror server, and anything
+    chrooted in a host."""
     hosts_prefix = str(st.HOSTS_DIR) + "/"
     found = []
     for entry in Path("/proc").iterdir():
@@ -465,7 +476,8 @@ def lab_processes() -> list[int]:
             root = os.readlink(entry / "root")
         except OSError:
             continue  # gone, or a zombie (no root link)
-        if root.startswith(hosts_prefix) or b"p40lab.supervisor" in cmdline:
+        ours = b"p40lab.supervisor" in cmdline or b"p40lab.mirror serve" in cmdline
+        if root.startswith(hosts_prefix) or ours:
             if st.pid_alive(int(entry.name)):
                 found.append(int(entry.name))
     return sorted(found)

@@ -1,0 +1,109 @@
+"""pyinfra inventory of the simulated lab (``python -m p40lab up``), read from the lab state.
+
+    python -m p40lab up
+    pyinfra -y inventories/sim.py exec -- hostname
+    pyinfra -y inventories/sim.py deploy/<deploy>.py --limit lab1
+
+State: ``$P40LAB_STATE`` or ``/var/lib/p40lab/state.json`` (written by ``p40lab up``). When the
+lab is down this inventory refuses to load, so pyinfra never silently runs against 0 hosts.
+
+Groups: ``sim`` (every lab host, lab1..labN, whatever GPUs each has), ``ray_head`` (lab1).
+SSH: root with the lab's ed25519 key, the lab's own known_hosts, strict host key checking, no
+agent, no ~/.ssh keys. Host data: ``gpu_layout`` and ``sim_os`` for information, and ``stack`` =
+``inventories/group_data/all.py``'s ``stack`` deep-merged with the lab's overrides (the doubles'
+sums, the mirror, the base image's python, the lab's torch: ``state["stack"]``, published by
+``p40lab.mirror`` through ``p40lab.state.set_stack_overrides``). A host-level ``stack`` replaces
+the group's, hence the explicit merge; ``stack_host`` stays free for per-run overrides.
+"""
+
+import copy
+import json
+import os
+import runpy
+from pathlib import Path
+
+
+class SimLabDown(RuntimeError):
+    pass
+
+
+_STATE = Path(os.environ.get("P40LAB_STATE", "/var/lib/p40lab/state.json"))
+_DOWN = "the simulated lab is not up: run `python -m p40lab up`"
+
+
+def _load_state() -> dict:
+    try:
+        data = json.loads(_STATE.read_text())
+    except FileNotFoundError:
+        raise SimLabDown(f"{_DOWN} (no state file {_STATE})") from None
+    except (OSError, ValueError) as exc:
+        raise SimLabDown(f"{_DOWN} (unreadable state {_STATE}: {exc})") from None
+    if not data.get("up") or not data.get("hosts"):
+        raise SimLabDown(f"{_DOWN} (state {_STATE} says down)")
+    dead = [h["name"] for h in data["hosts"] if not _alive(h.get("supervisor_pid"))]
+    if dead:
+        raise SimLabDown(
+            f"{_DOWN}: hosts {', '.join(dead)} are not running "
+            "(stale state? run `python -m p40lab down` then `python -m p40lab up`)"
+        )
+    return data
+
+
+def _alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _merge(dst: dict, src: dict) -> dict:
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value)
+        else:
+            dst[key] = copy.deepcopy(value)
+    return dst
+
+
+def _group_stack() -> dict:
+    all_py = Path(__file__).resolve().parent / "group_data" / "all.py"
+    if not all_py.exists():
+        return {}
+    return copy.deepcopy(runpy.run_path(str(all_py)).get("stack") or {})
+
+
+_state = _load_state()
+_stack = _merge(_group_stack(), _state.get("stack") or {})
+
+_SSH = {
+    "ssh_user": "root",
+    "ssh_hostname": None,
+    "ssh_key": _state["ssh_key"],
+    "ssh_known_hosts_file": _state["known_hosts"],
+    "ssh_strict_host_key_checking": "yes",
+    "ssh_allow_agent": False,
+    "ssh_look_for_keys": False,
+}
+
+sim = [
+    (
+        h["name"],
+        dict(
+            _SSH,
+            ssh_hostname=h["ip"],
+            gpu_layout=h["layout"],
+            sim_os=h["os"],
+            stack=copy.deepcopy(_stack),
+        ),
+    )
+    for h in _state["hosts"]
+]
+
+ray_head = [_state["hosts"][0]["name"]]
+
+del _state, _stack
