@@ -1,0 +1,157 @@
+"""The ``lab`` fixture: the simulated lab, brought up once per test session, torn down at the end.
+
+    def test_x(lab):
+        lab.ssh("lab1", "hostname")              # CompletedProcess (text); check=True raises
+        lab.reboot("lab1"); lab.reinstall("lab3")
+        lab.pyinfra("inventories/sim.py", "exec", "--", "hostname")
+        lab.root("lab1") / "etc/hostname"         # the host's disk, seen from the controller
+
+Hosts (default): lab1 4xP40, lab2 8xP40, lab3 1xP100, lab4 2xH200 (``P40LAB_TEST_GPUS`` to
+change). Needs root; when the lab cannot start the session FAILS with the reason (never skips).
+A lab that is already up is refused (run ``python -m p40lab down``) unless ``P40LAB_REUSE=1``:
+then it is used as is and left up. ``P40LAB_NO_MIRROR=1`` skips the p40lab.mirror hook.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+DEFAULT_GPUS = "4xP40,8xP40,1xP100,2xH200"
+
+
+class Lab:
+    """Helpers around the running lab (in-process p40lab calls, ssh/pyinfra subprocesses)."""
+
+    def __init__(self, gpus: str = DEFAULT_GPUS, mirror: bool = True) -> None:
+        self.gpus = gpus
+        self.mirror = mirror
+        self.up_seconds: float | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def up(self, gpus: str | None = None, **plan_kw) -> dict:
+        from p40lab import base, hosts
+
+        base.build()  # no-op when cached
+        specs = hosts.plan(None, gpus or self.gpus, **plan_kw)
+        t0 = time.monotonic()
+        data = hosts.up(specs, mirror=self.mirror)
+        self.up_seconds = time.monotonic() - t0
+        return data
+
+    def down(self) -> dict[str, list[str]]:
+        from p40lab import hosts
+
+        return hosts.down()
+
+    def leftovers(self) -> dict[str, list[str]]:
+        from p40lab import hosts
+
+        return {k: v for k, v in hosts.leftovers().items() if v}
+
+    # --- state -----------------------------------------------------------------------------
+    @property
+    def state(self) -> dict:
+        from p40lab import state
+
+        return state.load()
+
+    @property
+    def hosts(self) -> list[str]:
+        return [h["name"] for h in self.state["hosts"]]
+
+    def host(self, name: str) -> dict:
+        from p40lab import hosts
+
+        return hosts.get_host(name)
+
+    def root(self, name: str) -> Path:
+        """The host's merged rootfs as seen from the controller."""
+        return Path(self.host(name)["root"])
+
+    # --- actions ---------------------------------------------------------------------------
+    def ssh(
+        self, host: str, cmd: str, *, check: bool = False, timeout: float = 120, input=None
+    ) -> subprocess.CompletedProcess:
+        from p40lab import hosts
+
+        argv = hosts.ssh_argv(self.host(host), cmd)
+        proc = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )  # fmt: skip
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"ssh {host} {cmd!r} failed rc={proc.returncode}\n"
+                f"stdout: {proc.stdout}\nstderr: {proc.stderr}"
+            )
+        return proc
+
+    def reboot(self, host: str, wait: bool = True) -> float:
+        from p40lab import hosts
+
+        return hosts.reboot(host, wait=wait)
+
+    def reinstall(self, host: str) -> float:
+        from p40lab import hosts
+
+        return hosts.reinstall(host)
+
+    def pyinfra(
+        self, inventory: str, deploy: str, *args: str, timeout: float = 900, env=None
+    ) -> subprocess.CompletedProcess:
+        """``python -m pyinfra -y INVENTORY DEPLOY ARGS...`` from the repo root (output: text).
+
+        pyinfra exits 0 with a wrong inventory and 0 hosts: assert host counts on the output.
+        """
+        argv = [sys.executable, "-m", "pyinfra", "-y", inventory, deploy, *args]
+        return subprocess.run(
+            argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def lab():
+    if os.geteuid() != 0:
+        pytest.fail("the lab tests need root (netns, overlayfs, mounts): run them as root", False)
+    from p40lab import hosts, state
+    from p40lab.state import LabError
+
+    the_lab = Lab(
+        gpus=os.environ.get("P40LAB_TEST_GPUS", DEFAULT_GPUS),
+        mirror=os.environ.get("P40LAB_NO_MIRROR") != "1",
+    )
+    reuse = os.environ.get("P40LAB_REUSE") == "1"
+    running = [
+        h["name"] for h in state.load().get("hosts", []) if state.pid_alive(h.get("supervisor_pid"))
+    ]
+    if running and reuse:
+        yield the_lab
+        return
+    if running:
+        pytest.fail(
+            f"a lab is already up ({', '.join(running)}): run `python -m p40lab down` "
+            "(or set P40LAB_REUSE=1 to test against it)",
+            False,
+        )
+    try:
+        the_lab.up()
+    except LabError as exc:
+        pytest.fail(f"the simulated lab could not start: {exc}", False)
+    except Exception as exc:  # noqa: BLE001 - report anything, loudly
+        pytest.fail(f"the simulated lab could not start: {type(exc).__name__}: {exc}", False)
+    try:
+        yield the_lab
+    finally:
+        left = {k: v for k, v in hosts.down().items() if v}
+        if left:
+            pytest.fail(f"lab teardown left things behind: {left}", False)
