@@ -17,7 +17,7 @@ from pathlib import Path
 from p40lab.state import BASE_DIR, SUITE, LabError
 from p40lab.util import log, run
 
-BASE_VERSION = "3"
+BASE_VERSION = "4"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 PACKAGES = [
     "openssh-server", "python3", "python3-venv", "sudo", "ca-certificates", "curl", "xz-utils",

@@ -631,6 +631,7 @@ def get_host(name: str) -> dict:
 
 def reboot(name: str, *, wait: bool = True, timeout: float = 30) -> float:
     """Reboot like a real one: PID 1 gets SIGTERM and ends, the supervisor boots again.
+    A powered-off host is powered on.
 
     Returns the seconds until sshd answered again (0 when not waiting).
     """
@@ -638,9 +639,13 @@ def reboot(name: str, *, wait: bool = True, timeout: float = 30) -> float:
     t0 = time.monotonic()
     before = boots(h)
     pid1 = host_pid1(h)
-    if pid1 is None:
-        raise LabError(f"{name}: no running PID 1 (is the host powered off?)")
-    os.kill(pid1, signal.SIGTERM)
+    if (host_dirs(h["name"])["run"] / "powered-off").exists():
+        log(f"{name}: powered off: pressing the power button")
+        os.kill(h["supervisor_pid"], signal.SIGUSR1)
+    elif pid1 is None:
+        raise LabError(f"{name}: no running PID 1 (still booting?)")
+    else:
+        os.kill(pid1, signal.SIGTERM)
     if not wait:
         return 0.0
     deadline = time.monotonic() + timeout

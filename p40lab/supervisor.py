@@ -9,8 +9,9 @@ Started by ``up`` in its own session; its PID is recorded in the state file and 
 ``RUNDIR/unshare.pid``.
 The time namespace starts CLOCK_BOOTTIME near 0, so ``/proc/uptime`` drops like after a real
 reboot. ``RUNDIR/boots`` counts boots, ``RUNDIR/boot-time`` is the wall clock of the last one.
-SIGTERM (or ``RUNDIR/stop``) ends the host and the supervisor; the host is also left down when
-``/var/lib/p40lab-sim/poweroff`` appears in its rootfs (``poweroff`` inside).
+SIGTERM (or ``RUNDIR/stop``) ends the host and the supervisor. When
+``/var/lib/p40lab-sim/poweroff`` appears in its rootfs (``poweroff`` inside) the host stays off
+(``RUNDIR/powered-off``) until SIGUSR1 (power button: ``p40lab reboot HOST``) boots it again.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ def main(argv: list[str]) -> int:
             except ProcessLookupError:
                 pass
 
+    power_on: list[bool] = []
     become_subreaper()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: power_on.append(True))
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     _write(rundir / "supervisor.pid", f"{os.getpid()}\n")
@@ -115,12 +118,14 @@ def main(argv: list[str]) -> int:
         if stopping or stop.exists():
             break
         if flag.exists():
-            log(f"{name}: powered off")
+            log(f"{name}: powered off (SIGUSR1 powers it on)")
             flag.unlink(missing_ok=True)
             (rundir / "powered-off").touch()
-            while not stopping and not stop.exists():  # stay "off" until down
-                time.sleep(0.5)
-            break
+            power_on.clear()
+            while not stopping and not stop.exists() and not power_on:  # stay "off"
+                time.sleep(0.1)
+            (rundir / "powered-off").unlink(missing_ok=True)
+            continue
         fast_fails = fast_fails + 1 if time.monotonic() - started < 2 and rc != 0 else 0
         delay = min(0.2 * 2**fast_fails, 10.0) if fast_fails else 0.2
         log(f"{name}: PID 1 exited (rc={rc}): rebooting in {delay:.1f} s")
