@@ -10,7 +10,9 @@ Host ``labN`` (``10.231.0.(10+N)``):
 * identity written into the upper layer at ``up``/``reinstall``: hostname, /etc/hosts, ssh host
   key (stable across down/up/reinstall: ``/var/lib/p40lab/hostkeys/labN``), the controller's
   key in /root/.ssh/authorized_keys, os-release (Ubuntu 20.04.6 focal unless ``--os debian12``),
-  the fake PCI tree (:mod:`p40lab.fakehw`), ``/var/lib/p40lab-sim/hardware.json``,
+  the system doubles (``p40lab.doubles.install_system_doubles``: update-initramfs, dkms, apt
+  sources = the mirror), the fake PCI tree (:mod:`p40lab.fakehw`),
+  ``/var/lib/p40lab-sim/hardware.json``,
   ``/lib/modules/$(uname -r)/`` with a ``build`` headers dir unless ``--no-headers``.
 * ``reinstall`` = OS reinstall: everything in the upper layer except ``/home`` is dropped. The
   ssh host key is kept on purpose (a real reinstall changes it, but then strict host key
@@ -21,6 +23,7 @@ Host ``labN`` (``10.231.0.(10+N)``):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -255,6 +258,32 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
+_doubles_missing_logged = False
+
+
+def install_system_doubles(root: Path) -> bool:
+    """``p40lab.doubles.install_system_doubles`` into a host's disk (update-initramfs, dkms,
+    /lib/modules/<release>, apt sources = the lab mirror), when the doubles package exists.
+
+    Per host (upper layer), not in the base: the base stays independent of the doubles, and a
+    reinstall brings them back like a real Ubuntu install brings its tools."""
+    global _doubles_missing_logged
+    try:
+        doubles = importlib.import_module("p40lab.doubles")
+    except ModuleNotFoundError as exc:
+        if exc.name != "p40lab.doubles":
+            raise
+        doubles = None
+    fn = getattr(doubles, "install_system_doubles", None)
+    if fn is None:
+        if not _doubles_missing_logged:
+            log("p40lab.doubles.install_system_doubles is absent: hosts get no system doubles")
+            _doubles_missing_logged = True
+        return False
+    fn(root, kernel_release(), st.MIRROR_URL)
+    return True
+
+
 def provision(spec: HostSpec, specs: list[HostSpec]) -> None:
     """Write the host's identity and fake hardware into its (mounted) disk."""
     root = host_dirs(spec.name)["root"]
@@ -275,6 +304,7 @@ def provision(spec: HostSpec, specs: list[HostSpec]) -> None:
         _write(root / "etc/lsb-release", FOCAL_LSB_RELEASE)
         _write(root / "etc/debian_version", "bullseye/sid\n")
         _write(root / "etc/issue", "Ubuntu 20.04.6 LTS \\n \\l\n\n")
+    install_system_doubles(root)
     fakehw.write_tree(root, spec.gpus)
     sim = root / "var/lib/p40lab-sim"
     sim.mkdir(parents=True, exist_ok=True)
@@ -463,6 +493,17 @@ def mirror_hook(action: str, data: dict | None = None) -> bool:
 # --------------------------------------------------------------------------- lab
 
 
+def _locked(fn):
+    """Run ``fn`` under the lab lock (one lab-changing command at a time)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kw):
+        with st.lab_lock():
+            return fn(*args, **kw)
+
+    return wrapper
+
+
 def lab_processes() -> list[int]:
     """Live (non-zombie) processes of the lab: supervisors, the mirror server, and anything
     chrooted in a host."""
@@ -508,6 +549,7 @@ def _running_hosts(data: dict) -> list[str]:
     return [h["name"] for h in data.get("hosts", []) if st.pid_alive(h.get("supervisor_pid"))]
 
 
+@_locked
 def up(
     specs: list[HostSpec], *, keep_disks: bool = False, mirror: bool = True, timeout: float = 30
 ) -> dict:
@@ -569,6 +611,7 @@ def up(
     return st.load()
 
 
+@_locked
 def down(*, wipe: bool = False, mirror: bool = True) -> dict[str, list[str]]:
     """Stop everything; returns leftovers (all lists empty on success)."""
     t0 = time.monotonic()
@@ -629,6 +672,7 @@ def get_host(name: str) -> dict:
     raise LabError(f"no host {name!r} in the lab ({names})")
 
 
+@_locked
 def reboot(name: str, *, wait: bool = True, timeout: float = 30) -> float:
     """Reboot like a real one: PID 1 gets SIGTERM and ends, the supervisor boots again.
     A powered-off host is powered on.
@@ -664,6 +708,7 @@ def reboot(name: str, *, wait: bool = True, timeout: float = 30) -> float:
     return time.monotonic() - t0
 
 
+@_locked
 def reinstall(name: str, *, timeout: float = 30) -> float:
     """OS reinstall: stop, drop the upper layer except /home, provision, boot fresh."""
     h = get_host(name)

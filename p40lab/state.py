@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,51 @@ def _locked() -> Iterator[None]:
         try:
             yield
         finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_lab_lock_depth = 0
+
+
+@contextlib.contextmanager
+def lab_lock(timeout: float = 300.0) -> Iterator[None]:
+    """Serialize lab-changing commands (up, down, reboot, reinstall) across processes.
+
+    Re-entrant within a process (``up`` tears down through ``down`` when it fails).
+    """
+    global _lab_lock_depth
+    if _lab_lock_depth:
+        _lab_lock_depth += 1
+        try:
+            yield
+        finally:
+            _lab_lock_depth -= 1
+        return
+    LAB_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LAB_DIR / "lab.lock", "a+") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    lock.seek(0)
+                    holder = lock.read().strip() or "?"
+                    raise LabError(
+                        f"another p40lab command (pid {holder}) is changing the lab; "
+                        f"gave up after {timeout:.0f} s"
+                    ) from None
+                time.sleep(0.1)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        _lab_lock_depth = 1
+        try:
+            yield
+        finally:
+            _lab_lock_depth = 0
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 

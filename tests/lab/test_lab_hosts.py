@@ -259,6 +259,19 @@ def test_reboot_from_inside_and_pyinfra_server_reboot(lab, tmp_path):
     assert uptime(lab, "lab4") < 30
 
 
+def test_poweroff_stays_off_until_power_button(lab):
+    lab.ssh("lab4", "echo on-disk > /root/survives; poweroff")
+    deadline = time.monotonic() + 10
+    while hosts.host_is_up(lab.host("lab4")):
+        assert time.monotonic() < deadline, "lab4 did not power off"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert not hosts.host_is_up(lab.host("lab4"))  # stays off: no reboot by the supervisor
+    lab.reboot("lab4")  # the power button
+    out = lab.ssh("lab4", "cat /root/survives; rm /root/survives", check=True).stdout
+    assert out.strip() == "on-disk"
+
+
 def test_blacklist_alone_keeps_nouveau_initramfs_update_removes_it(lab):
     host = "lab2"
     # initramfs updated BEFORE the blacklist: does not count
@@ -280,11 +293,11 @@ def test_blacklist_alone_keeps_nouveau_initramfs_update_removes_it(lab):
     )
     lab.reboot(host)
     assert modules(lab, host) == {"nouveau"}
-    # blacklist, then update-initramfs, then reboot: nouveau gone, GPUs unbound
+    # blacklist, then update-initramfs (the doubles' tool), then reboot: nouveau gone, unbound
     lab.ssh(
         host,
         "echo 'blacklist nouveau' > /etc/modprobe.d/blacklist-nouveau.conf && "
-        "sleep 0.05 && touch /var/lib/p40lab-sim/initramfs-updated",
+        "sleep 0.05 && update-initramfs -u",
         check=True,
     )
     assert modules(lab, host) == {"nouveau"}  # nothing changes before the reboot
