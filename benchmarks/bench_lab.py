@@ -11,6 +11,7 @@ unless ``--mirror`` (it measures the lab, not the doubles). Targets: 4 hosts up 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def pyinfra_exec(n_hosts: int) -> None:
         [sys.executable, "-m", "pyinfra", "-y", "inventories/sim.py", "exec", "--", "true"],
         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    ran = (proc.stdout + proc.stderr).count("] Success")
+    ran = len(set(re.findall(r"\[(lab\d+)\]\s+Success", proc.stdout + proc.stderr)))
     if proc.returncode != 0 or ran != n_hosts:
         raise SystemExit(f"pyinfra ran on {ran}/{n_hosts} hosts:\n{proc.stdout}{proc.stderr}")
 
@@ -80,21 +81,24 @@ def main() -> int:
     specs = hosts.plan(args.hosts, args.gpus)
     n = len(specs)
     leftover_counts: list[dict[str, int]] = []
-    for cycle in range(args.cycles):
-        add(f"{n} hosts up (base cached)", timed(hosts.up, specs, mirror=args.mirror))
-        data = st.load()
-        h1 = data["hosts"][0]
-        ssh_once(h1)  # warm
-        add("ssh round trip", timed(ssh_once, h1))
-        add(f"pyinfra exec on {n} hosts", timed(pyinfra_exec, n))
-        if cycle == 0:
-            add("reboot (until sshd answers)", hosts.reboot(h1["name"]))
-            add("reinstall (until sshd answers)", hosts.reinstall(h1["name"]))
-        t0 = time.monotonic()
-        left = hosts.down()
-        add(f"{n} hosts down", time.monotonic() - t0)
-        leftover_counts.append({k: len(v) for k, v in left.items()})
-
+    try:
+        for cycle in range(args.cycles):
+            add(f"{n} hosts up (base cached)", timed(hosts.up, specs, mirror=args.mirror))
+            data = st.load()
+            h1 = data["hosts"][0]
+            ssh_once(h1)  # warm
+            add("ssh round trip", timed(ssh_once, h1))
+            add(f"pyinfra exec on {n} hosts", timed(pyinfra_exec, n))
+            if cycle == 0:
+                add("reboot (until sshd answers)", hosts.reboot(h1["name"]))
+                add("reinstall (until sshd answers)", hosts.reinstall(h1["name"]))
+            t0 = time.monotonic()
+            left = hosts.down()
+            add(f"{n} hosts down", time.monotonic() - t0)
+            leftover_counts.append({k: len(v) for k, v in left.items()})
+    finally:
+        if st.is_up():
+            hosts.down()
     print()
     print(f"p40lab benchmark ({n} hosts: {args.gpus}; {args.cycles} cycles)")
     for key, values in results.items():

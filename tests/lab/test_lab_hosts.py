@@ -7,8 +7,10 @@ the default lab back up for whatever runs after it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 import textwrap
@@ -72,10 +74,10 @@ def test_pyinfra_reaches_all_hosts_strictly(lab):
     proc = lab.pyinfra("inventories/sim.py", "exec", "--", "hostname")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    succeeded = set(re.findall(r"\[(lab\d+)\] Success", out))
+    succeeded = set(re.findall(r"\[(lab\d+)\]\s+Success", out))
     assert succeeded == set(EXPECTED), out  # a wrong inventory would run 0 hosts and exit 0
     for name in EXPECTED:
-        assert re.search(rf"\[{name}\] {name}\b", out), out
+        assert re.search(rf"\[{name}\]\s+{name}\b", out), out
     assert re.search(r"server\.shell \(hostname\)\s+4\s+4\s", out), out
 
 
@@ -139,6 +141,34 @@ def test_inventory_refuses_when_lab_state_says_down(lab, tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "the simulated lab is not up: run `python -m p40lab up`" in out
+
+
+def test_inventory_host_data_merges_group_stack_and_lab_overrides(lab, tmp_path):
+    data = lab.state
+    data["stack"] = {"policy": {"allow_reboot": True}, "python_version": "3.11.9"}
+    state_copy = tmp_path / "state.json"
+    state_copy.write_text(json.dumps(data))
+    proc = lab.pyinfra("inventories/sim.py", "debug-inventory",
+                       env={"P40LAB_STATE": str(state_copy)})  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    group = runpy.run_path(str(REPO / "inventories/group_data/all.py")).get("stack", {})
+    decoder = json.JSONDecoder()
+    seen = {}
+    for m in re.finditer(r"^\[(lab\d+)\][^\n]*\n(?:--> Groups:[^\n]*\n)?--> Data:\n", out, re.M):
+        seen[m[1]], _ = decoder.raw_decode(out, m.end())
+    assert sorted(seen) == sorted(EXPECTED), out
+    for name, hd in seen.items():
+        assert hd["ssh_user"] == "root" and hd["ssh_key"] == data["ssh_key"]
+        assert hd["ssh_known_hosts_file"] == data["known_hosts"]
+        assert hd["ssh_strict_host_key_checking"] == "yes"
+        assert hd["ssh_allow_agent"] is False and hd["ssh_look_for_keys"] is False
+        assert hd["ssh_hostname"] == lab.host(name)["ip"]
+        assert hd["stack"]["policy"]["allow_reboot"] is True
+        assert hd["stack"]["python_version"] == "3.11.9"
+        for key, value in group.get("policy", {}).items():
+            if key != "allow_reboot":
+                assert hd["stack"]["policy"][key] == value, key
 
 
 def test_cli_status_ssh_and_refuses_second_up(lab):
