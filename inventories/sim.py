@@ -58,7 +58,10 @@ def _alive(pid) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a zombie answers kill(0) too
+        return Path(f"/proc/{int(pid)}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _merge(dst: dict, src: dict) -> dict:

@@ -42,10 +42,11 @@ def cmd_base(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from p40lab import hosts
+    from p40lab import base, hosts
 
     require_root()
     specs = hosts.plan(args.hosts, args.gpus, args.no_headers, args.os)
+    base.build()  # cached: a stamp check; first time (or outdated): mmdebstrap, ~30 s
     t0 = time.monotonic()
     hosts.up(specs, keep_disks=args.keep_disks, mirror=not args.no_mirror, timeout=args.timeout)
     print(f"lab up: {len(specs)} hosts in {time.monotonic() - t0:.2f} s")
