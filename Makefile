@@ -12,7 +12,7 @@ lint:
 	$(PY) -m ruff format --check .
 
 demo:
-	$(PY) -m p40lab demo --gpus $(LAB_GPUS)
+	$(PY) -m p40lab.demo --gpus $(LAB_GPUS)
 
 lab-up:
 	$(PY) -m p40lab up --gpus $(LAB_GPUS)

@@ -1,0 +1,89 @@
+"""Run pyinfra against the lab and read what happened: per-host changes, errors, bytes served.
+
+Used by ``make demo`` (``python -m p40lab.demo``), the lab flow tests and the benchmarks, so
+"a second run changes nothing" is counted the same way everywhere: an operation whose host line
+says ``Success`` executed commands (a change); ``No changes`` executed none.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SIM_INVENTORY = "inventories/sim.py"
+
+_STATUS = re.compile(r"^\s*\[(?P<host>[^\]]+)\]\s+(?P<status>Success|No changes|Error)\b")
+_CONNECTED = re.compile(r"^\s*\[(?P<host>[^\]]+)\]\s+Connected\b")
+
+
+@dataclass
+class RunResult:
+    """One pyinfra run: exit code, wall time, output, and per-host operation outcomes."""
+
+    argv: list[str]
+    returncode: int
+    seconds: float
+    output: str
+    connected: list[str] = field(default_factory=list)
+    changed: Counter = field(default_factory=Counter)
+    unchanged: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)
+    bytes_served: int | None = None
+
+    def hosts_ok(self) -> list[str]:
+        return [h for h in self.connected if not self.errors[h]]
+
+    def summary(self) -> str:
+        parts = [
+            f"{h}: {self.changed[h]} changed, {self.unchanged[h]} unchanged, "
+            f"{self.errors[h]} failed"
+            for h in self.connected
+        ]
+        return "; ".join(parts)
+
+
+def parse(output: str) -> tuple[list[str], Counter, Counter, Counter]:
+    """Connected hosts and per-host counts of changed / unchanged / failed operations."""
+    connected: list[str] = []
+    changed, unchanged, errors = Counter(), Counter(), Counter()
+    for line in output.splitlines():
+        if m := _CONNECTED.match(line):
+            if m["host"] not in connected:
+                connected.append(m["host"])
+        elif m := _STATUS.match(line):
+            {"Success": changed, "No changes": unchanged, "Error": errors}[m["status"]][
+                m["host"]
+            ] += 1
+    return connected, changed, unchanged, errors
+
+
+def run(deploy: str, *args: str, inventory: str = SIM_INVENTORY, env: dict | None = None,
+        timeout: float = 1800, echo: bool = False) -> RunResult:  # fmt: skip
+    """``pyinfra -y INVENTORY DEPLOY ARGS`` from the repo root, counting mirror bytes served."""
+    from p40lab import mirror
+
+    argv = [sys.executable, "-m", "pyinfra", "-y", inventory, deploy, *args]
+    since = time.time()
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        argv, cwd=REPO, text=True, stdin=subprocess.DEVNULL, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    seconds = time.monotonic() - t0
+    if echo:
+        sys.stdout.write(proc.stdout)
+    connected, changed, unchanged, errors = parse(proc.stdout)
+    try:
+        served = mirror.bytes_served(since=since)
+    except OSError:
+        served = None
+    return RunResult(
+        argv, proc.returncode, seconds, proc.stdout, connected, changed, unchanged, errors, served
+    )
