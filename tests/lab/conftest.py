@@ -143,12 +143,15 @@ def lab():
             "(or set P40LAB_REUSE=1 to test against it)",
             False,
         )
+    error = None
     try:
         the_lab.up()
     except LabError as exc:
-        pytest.fail(f"the simulated lab could not start: {exc}", False)
+        error = str(exc)
     except Exception as exc:  # noqa: BLE001 - report anything, loudly
-        pytest.fail(f"the simulated lab could not start: {type(exc).__name__}: {exc}", False)
+        error = f"{type(exc).__name__}: {exc}"
+    if error is not None:  # outside the except: no chained traceback noise
+        pytest.fail(f"the simulated lab could not start: {error}", False)
     try:
         yield the_lab
     finally:
