@@ -588,6 +588,12 @@ def up(
         d.setdefault("stack", {})
 
     st.update(init)
+    if not keep_disks:  # disks of hosts from an earlier, bigger lab
+        wanted = {s.name for s in specs}
+        for old in st.HOSTS_DIR.glob(f"{st.HOST_PREFIX}*"):
+            if old.name not in wanted and old.name[len(st.HOST_PREFIX) :].isdigit():
+                if not _mounted(old / "root"):
+                    shutil.rmtree(old, ignore_errors=True)
     try:
         net.bridge_up()
         pids = {}
