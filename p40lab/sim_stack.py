@@ -36,7 +36,7 @@ def build_python_mirror(mirror_dir: Path, base_url: str) -> dict[str, Any]:
     from p40lab.wheelhouse import build_wheelhouse
 
     wheels = build_wheelhouse(mirror_dir, base_url=base_url)
-    log(f"wheelhouse: {len(wheels.get('files', []))} wheels, {wheels['bytes'] / 2**20:.0f} MiB")
+    log(f"wheelhouse: {wheels.get('files')} wheels, {wheels['bytes'] / 2**20:.0f} MiB")
     verl = build_verl_remote(mirror_dir / "git" / "verl.git", CACHE)
     apex = build_apex_remote(mirror_dir / "git" / "apex.git", url=f"{base_url}/git/apex.git")
     for repo in ("verl.git", "apex.git"):  # dumb HTTP needs info/refs for the current tags
