@@ -82,7 +82,7 @@ def apex_builders() -> dict[str, str]:
     if cached is not None:
         return cached
     candidates = []
-    for target in state.inventory.iter_active_hosts():
+    for target in state.inventory.get_active_hosts():
         try:
             target_spec = spec_for_host(target)
         except SpecError:
@@ -192,34 +192,38 @@ def deploy(spec: StackSpec) -> None:
     host_tar = posixpath.join(work, apex.WHEEL_TAR)
     local_tar = apex.controller_wheel(key)
     builder = apex_builders().get(key)
-    if needs_apex(state.inventory.get_host(host.name), spec, key):
-        if builder == host.name:
-            apex.build_wheel(
-                name=f"Build the Apex wheel {key}",
-                python=python,
-                remote=spec.git_remote("apex"),
-                ref=spec.apex.ref,
-                commit=spec.apex.commit,
-                work_dir=work,
-                cuda_home=spec.paths.cuda_dir,
-                arch_list=build.arch_list,
-                max_jobs=apex.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal)),
-                cuda_ext=build.cuda_ext,
-                **as_user,
-            )
-            apex.fetch_wheel(
-                name="Copy the Apex wheel to the controller cache",
-                remote_tar=host_tar,
-                local_tar=local_tar,
-            )
-        else:
-            apex.put_wheel(
-                name="Upload the Apex wheel from the controller cache",
-                local_tar=local_tar,
-                remote_tar=host_tar,
-                user=user.name,
-                builder=builder,
-            )
+    needed = needs_apex(state.inventory.get_host(host.name), spec, key)
+    builds_here = needed and builder == host.name
+    # The same three operations on every host, so pyinfra orders them alike everywhere:
+    # the builder's build and copy-back happen before anyone's upload.
+    apex.build_wheel(
+        name="Build the Apex wheel (one host per build key)",
+        python=python,
+        remote=spec.git_remote("apex"),
+        ref=spec.apex.ref,
+        commit=spec.apex.commit,
+        work_dir=work,
+        cuda_home=spec.paths.cuda_dir,
+        arch_list=build.arch_list,
+        max_jobs=apex.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal)),
+        cuda_ext=build.cuda_ext,
+        needed=builds_here,
+        **as_user,
+    )
+    apex.fetch_wheel(
+        name="Copy the Apex wheel to the controller cache",
+        remote_tar=host_tar,
+        local_tar=local_tar,
+        needed=builds_here,
+    )
+    apex.put_wheel(
+        name="Upload the Apex wheel from the controller cache",
+        local_tar=local_tar,
+        remote_tar=host_tar,
+        user=user.name,
+        builder=builder,
+        needed=needed and not builds_here,
+    )
     verify = "import torch, apex, apex_C" + (
         ", amp_C, fused_layer_norm_cuda" if build.cuda_ext else ""
     )
@@ -271,7 +275,7 @@ def deploy(spec: StackSpec) -> None:
         src=requirements,
         dest=f"{cache}/verl-requirements-{variant}.txt",
         env_dir=the_env,
-        index_args=spec.pip_index_args(),
+        index_args=spec.pip_deps_args(),
         fresh_env=fresh,
         **as_user,
     )

@@ -138,6 +138,7 @@ def build_wheel(
     max_jobs: int,
     cuda_ext: bool,
     user: str | None = None,
+    needed: bool = True,
 ):
     """
     Clone apex at ``ref`` (verified = ``commit``) and build one wheel into ``WORK/apex-wheel.tar``.
@@ -152,7 +153,11 @@ def build_wheel(
     + max_jobs: MAX_JOBS for the compiler (see :func:`max_jobs`)
     + cuda_ext: build the CUDA extensions too
     + user: run the commands as this user (``su``); None = as connected
+    + needed: False when this host is not the build key's builder in this run (no-op)
     """
+    if not needed:
+        host.noop("apex wheel: built by another host or already on the controller")
+        return
     tar = f"{work_dir}/{WHEEL_TAR}"
     if host.get_fact(File, path=tar):
         host.noop(f"apex wheel already built on this host: {tar}")
@@ -228,20 +233,26 @@ def build_wheel(
 
 
 @operation()
-def fetch_wheel(remote_tar: str, local_tar: str):
+def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
     """
     Copy the builder's wheel tar to the controller cache (files.get).
 
     + remote_tar: the tar on the builder
     + local_tar: where the controller keeps it (one dir per build key)
+    + needed: False on hosts that did not build it (no-op)
     """
+    if not needed:
+        host.noop("apex wheel: not built here")
+        return
     yield from files.get._inner(
         src=remote_tar, dest=local_tar, add_deploy_dir=False, create_local_dir=True
     )
 
 
 @operation()
-def put_wheel(local_tar: str, remote_tar: str, user: str, builder: str | None = None):
+def put_wheel(
+    local_tar: str, remote_tar: str, user: str, builder: str | None = None, needed: bool = True
+):
     """
     Upload the wheel tar from the controller cache (built earlier in this run or before).
 
@@ -249,7 +260,11 @@ def put_wheel(local_tar: str, remote_tar: str, user: str, builder: str | None = 
     + remote_tar: destination on this host
     + user: owner of the uploaded file (the training user)
     + builder: the host building it in this run, for the error message
+    + needed: False on the builder and on hosts whose apex is current (no-op)
     """
+    if not needed:
+        host.noop("apex wheel: already here")
+        return
     where = f"host {builder} was to build it in this run" if builder else "none was built"
 
     def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)

@@ -612,15 +612,44 @@ class StackSpec(BaseModel):
         - mirror with only a wheelhouse: ``--no-index --find-links DIR_OR_URL``;
         - no mirror: ``--index-url`` the real torch index (cu118 wheels are only there).
         """
+        return self._mirror_pip_args() or ["--index-url", self.torch.index_url]
+
+    def pip_deps_args(self) -> list[str]:
+        """pip arguments for verl's pinned dependencies: the mirror, else PyPI (no arguments)."""
+        return self._mirror_pip_args()
+
+    def _mirror_pip_args(self) -> list[str]:
         mirror = self.mirror
-        if mirror is not None and mirror.pip_index_url:
+        if mirror is None or not (mirror.pip_index_url or mirror.pip_find_links):
+            return []
+        if mirror.pip_index_url:
             args = ["--index-url", mirror.pip_index_url]
             if mirror.pip_find_links:
                 args += ["--find-links", mirror.pip_find_links]
-            return args
-        if mirror is not None and mirror.pip_find_links:
-            return ["--no-index", "--find-links", mirror.pip_find_links]
-        return ["--index-url", self.torch.index_url]
+        else:
+            args = ["--no-index", "--find-links", mirror.pip_find_links]
+        # A plain-http mirror (an air-gapped lab's) must be named trusted or pip ignores it.
+        for url in (mirror.pip_index_url, mirror.pip_find_links):
+            if url and url.startswith("http://"):
+                args += ["--trusted-host", urlsplit(url).hostname]
+        return _dedupe_trusted(args)
+
+
+def _dedupe_trusted(args: list[str]) -> list[str]:
+    """Drop a repeated ``--trusted-host HOST`` pair (index and find-links on one mirror)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    i = 0
+    while i < len(args):
+        if args[i] == "--trusted-host":
+            if args[i + 1] not in seen:
+                seen.add(args[i + 1])
+                out += args[i : i + 2]
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
 
 
 # --------------------------------------------------------------------------------------------

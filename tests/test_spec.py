@@ -147,7 +147,14 @@ def test_mirror_url_resolution():
     assert spec.artifact_url("driver").endswith("/artifacts/NVIDIA-Linux-x86_64-525.147.05.run")
     assert spec.git_remote("verl") == "http://10.231.0.1:8111/git/verl.git"
     assert spec.git_remote("apex") == "http://10.231.0.1:8111/git/apex.git"
-    assert spec.pip_index_args() == ["--index-url", "http://10.231.0.1:8111/simple"]
+    # A plain-http mirror must be trusted explicitly, or pip ignores it.
+    assert spec.pip_index_args() == [
+        "--index-url",
+        "http://10.231.0.1:8111/simple",
+        "--trusted-host",
+        "10.231.0.1",
+    ]
+    assert spec.pip_deps_args() == spec.pip_index_args()
 
 
 def test_mirror_parts_fall_back_to_upstream():
@@ -158,6 +165,8 @@ def test_mirror_parts_fall_back_to_upstream():
         "--no-index",
         "--find-links",
         "http://10.231.0.1:8111/wheels",
+        "--trusted-host",
+        "10.231.0.1",
     ]
     both = load_spec(
         "lab1",
@@ -168,7 +177,15 @@ def test_mirror_parts_fall_back_to_upstream():
         "http://m/simple",
         "--find-links",
         "/srv/wheels",
+        "--trusted-host",
+        "m",
     ]
+
+
+def test_without_a_mirror_torch_comes_from_its_index_and_deps_from_pypi():
+    spec = load_spec("lab1", {})
+    assert spec.pip_index_args() == ["--index-url", "https://download.pytorch.org/whl/cu118"]
+    assert spec.pip_deps_args() == []
 
 
 def test_driver_branch_follows_version():
