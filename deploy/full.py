@@ -7,7 +7,10 @@
 Facts are gathered as each step needs them; a second run changes nothing.
 """
 
-from pyinfra import local
+from pyinfra import host, local
+
+from operations.verification import verify_after_run
+from p40fleet.spec import SpecError, spec_for_host
 
 # 1. Preflight: spec, GPUs (PCI ids, before any driver), OS, space, mirror — refusals first.
 local.include("deploy/preflight.py")
@@ -15,5 +18,9 @@ local.include("deploy/preflight.py")
 local.include("deploy/system.py")
 # 3. Python layer: training user, Miniconda + env, torch, Apex, verl patched + --no-deps.
 local.include("deploy/python.py")
-# 4. Verification: the three-line check and the rest, PASS / FAIL / SKIP per host.
-local.include("deploy/verify.py")
+# 4. Verification: the three-line check and the rest, once the last operation has run
+#    (deploy/verify.py alone checks hosts as they are now).
+try:
+    verify_after_run(spec_for_host(host))
+except SpecError:
+    pass  # refused by the preflight: nothing to verify

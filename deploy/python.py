@@ -26,22 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = os.path.join(REPO, "files")
 
 
-def apex_build_for(spec: StackSpec, gpus: list) -> apex.ApexBuild:
-    """The Apex build this host needs (arches present, torch/CUDA pins, python minor)."""
-    cuda_ext = getattr(spec.apex, "cuda_ext", None)
-    if cuda_ext is None:
-        cuda_ext = apex.cuda_ext_default(spec.torch.version)
-    return apex.ApexBuild(
-        ref=spec.apex.ref,
-        commit=spec.apex.commit,
-        torch=spec.torch.version,
-        cuda=spec.cuda.version if cuda_ext else None,
-        arch_list=apex.arch_list(g.model.compute_capability for g in gpus if g.model),
-        python=".".join(spec.python_version.split(".")[:2]),
-        cuda_ext=cuda_ext,
-    )
-
-
 def env_fresh(spec: StackSpec) -> bool:
     """The env is (re)created by this run: installed-package facts no longer hold."""
     reason = conda.env_rebuild_reason(spec.env.conda_prefix, spec.env.name, spec.python_version)
@@ -91,7 +75,7 @@ def apex_builders() -> dict[str, str]:
         summary = summarize_host(gpus, allow_maxwell=target_spec.policy.allow_maxwell)
         if not summary.ok:
             continue
-        key = apex_build_for(target_spec, gpus).key
+        key = apex.build_for(target_spec, gpus).key
         if os.path.isfile(apex.controller_wheel(key)):
             continue  # already on the controller: nobody builds
         if needs_apex(target, target_spec, key):
@@ -186,7 +170,7 @@ def deploy(spec: StackSpec) -> None:
     )
 
     # 5. Apex: one build per key and fleet (the builder), a wheel for everyone.
-    build = apex_build_for(spec, gpus)
+    build = apex.build_for(spec, gpus)
     key = build.key
     work = apex.host_work_dir(user.home, key)
     host_tar = posixpath.join(work, apex.WHEEL_TAR)

@@ -15,83 +15,28 @@ check passes or is skipped gets no operation at all: 0 changes, and ``--dry`` wo
 
 from __future__ import annotations
 
-import os
-
 from pyinfra import host, state
 
 from facts.gpu import PciGpus
-from facts.python_env import env_dir, env_python
 from facts.verify import VerifyProbe
-from operations import apex, artifacts, cudnn
+from operations import verification
 from operations.preflight import refuse, validated_spec
 from p40fleet import report
-from p40fleet.checks import FAIL, Check, host_verdict, run_checks, spec_failure
+from p40fleet.checks import FAIL, Check, spec_failure
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
-from p40fleet.verl_patches import RECORD_NAME
 
 _RESULTS_ATTR = "p40fleet_verify_results"
 _PRINTED_ATTR = "p40fleet_verify_printed"
-TABLE_ENV = "P40FLEET_VERIFY_TABLE"
-
-
-def expected_apex_key(spec: StackSpec, gpus: list) -> str | None:
-    """The Apex build key deploy/python.py installs on this host (same inputs as there)."""
-    capabilities = [g.model.compute_capability for g in gpus if g.model]
-    if not capabilities:
-        return None
-    cuda_ext = getattr(spec.apex, "cuda_ext", None)
-    if cuda_ext is None:
-        cuda_ext = apex.cuda_ext_default(spec.torch.version)
-    return apex.ApexBuild(
-        ref=spec.apex.ref,
-        commit=spec.apex.commit,
-        torch=spec.torch.version,
-        cuda=spec.cuda.version if cuda_ext else None,
-        arch_list=apex.arch_list(capabilities),
-        python=".".join(spec.python_version.split(".")[:2]),
-        cuda_ext=cuda_ext,
-    ).key
 
 
 def verify_host(spec: StackSpec) -> list[Check]:
-    """Probe this host once and run every check."""
+    """Probe this host once (a fact: read-only) and run every check."""
     gpus = list(host.get_fact(PciGpus))
-    env = spec.env
     try:
-        answers = host.get_fact(
-            VerifyProbe,
-            cuda_dir=spec.paths.cuda_dir,
-            cudnn_tree=cudnn.extracted_dir(
-                spec.paths.cudnn_extract_dir, artifacts.artifact_path(spec, "cudnn")
-            ),
-            python=env_python(env.conda_prefix, env.name),
-            apex_key_file=f"{env_dir(env.conda_prefix, env.name)}/{apex.KEY_FILE}",
-            verl_checkout=env.verl_checkout,
-            verl_ref=spec.verl.ref,
-            patch_record=f"{env.verl_checkout.rstrip('/')}/{RECORD_NAME}",
-        )
-    except Exception as exc:  # a probe that cannot run is a FAIL of this host, not of the run
-        answers = None
-        problem = f"{type(exc).__name__}: {exc}"
-    checks = run_checks(
-        answers if answers is not None else VerifyProbe.default(),
-        spec,
-        gpus,
-        apex_key=expected_apex_key(spec, gpus),
-    )
-    if answers is None:
-        checks = [
-            Check(
-                "probe",
-                FAIL,
-                f"the verify probe could not run: {problem}",
-                "run `pyinfra INVENTORY deploy/verify.py --debug` to see why",
-            )
-            if c.name == "probe"
-            else c
-            for c in checks
-        ]
-    return checks
+        answers = host.get_fact(VerifyProbe, **verification.probe_arguments(spec))
+    except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
+        return verification.checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}")
+    return verification.checks_for(spec, gpus, answers)
 
 
 def _checks_for_this_host() -> list[Check]:
@@ -112,28 +57,8 @@ def _checks_for_this_host() -> list[Check]:
     return checks
 
 
-def _finish(results: dict) -> None:
-    """After the last host: add the unreachable ones, print the table, write the JSON."""
-    entries = dict(results)
-    for other in state.inventory:
-        if state.is_host_in_limit(other) and other not in state.activated_hosts:
-            entries.setdefault(other.name, report.unreachable_entry())
-    fleet = report.build_report(entries)
-    if os.environ.get(TABLE_ENV, "1") != "0":
-        report.print_report(fleet)
-    path = os.environ.get(report.REPORT_ENV)
-    if path:
-        report.write_report(fleet, path)
-
-
 checks = _checks_for_this_host()
-verdict = host_verdict(checks)
-counts = {s: sum(c.status == s for c in checks) for s in ("PASS", "FAIL", "SKIP")}
-print(
-    f"[{host.name}] verify: {verdict} "
-    f"({counts['PASS']} pass, {counts['FAIL']} fail, {counts['SKIP']} skip)",
-    flush=True,
-)
+print(verification.summary_line(host.name, checks), flush=True)
 
 # This file runs once per host (in parallel greenlets); the table waits for the last one.
 results: dict = getattr(state, _RESULTS_ATTR, None) or {}
@@ -142,4 +67,4 @@ setattr(state, _RESULTS_ATTR, results)
 active = {h.name for h in state.inventory.get_active_hosts()}
 if active <= set(results) and not getattr(state, _PRINTED_ATTR, False):
     setattr(state, _PRINTED_ATTR, True)
-    _finish(results)
+    verification.finish(results)

@@ -35,6 +35,7 @@ from pyinfra.operations import files
 from facts.python_env import EnvDistributions, MarkerText
 from operations.torch import pip_command
 from operations.training_user import as_user
+from p40fleet.spec import StackSpec
 
 __all__ = [
     "KEY_FILE",
@@ -105,6 +106,22 @@ class ApexBuild:
             f"{self.ref}-{self.commit[:12]}_torch{self.torch}_cuda{self.cuda or 'none'}"
             f"_sm{arches}_py{self.python}_{exts}"
         )
+
+
+def build_for(spec: StackSpec, gpus: Iterable) -> ApexBuild:
+    """The Apex build a host needs: its GPUs' arches, the torch/CUDA pins, python X.Y."""
+    cuda_ext = spec.apex.cuda_ext
+    if cuda_ext is None:
+        cuda_ext = cuda_ext_default(spec.torch.version)
+    return ApexBuild(
+        ref=spec.apex.ref,
+        commit=spec.apex.commit,
+        torch=spec.torch.version,
+        cuda=spec.cuda.version if cuda_ext else None,
+        arch_list=arch_list(g.model.compute_capability for g in gpus if g.model),
+        python=".".join(spec.python_version.split(".")[:2]),
+        cuda_ext=cuda_ext,
+    )
 
 
 def choose_builders(candidates: Iterable[tuple[str, str]]) -> dict[str, str]:

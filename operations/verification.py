@@ -1,0 +1,163 @@
+"""Verification of a provisioned host: the probe's arguments, the checks, and the run after
+the last operation of ``deploy/full.py``.
+
+pyinfra gathers facts while it prepares, before any operation runs, so a check made then sees
+the hosts as they were. ``verify_after_run()`` therefore registers a state callback that probes
+every host that is still up once the last operation has ended (read-only: nothing is changed,
+no operation is added), prints the fleet table, writes the JSON report when
+``$P40FLEET_REPORT`` names a file, and marks hosts with a FAIL as failed (pyinfra exits 1).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pyinfra import host, logger, state
+from pyinfra.api.state import BaseStateCallback
+
+from facts.gpu import PciGpus
+from facts.python_env import env_dir, env_python
+from facts.verify import VerifyProbe
+from operations import apex, artifacts, cudnn
+from p40fleet import report
+from p40fleet.checks import FAIL, Check, host_verdict, run_checks
+from p40fleet.spec import StackSpec
+from p40fleet.verl_patches import RECORD_NAME
+
+TABLE_ENV = "P40FLEET_VERIFY_TABLE"
+_SPECS_ATTR = "p40fleet_verify_after_run"
+
+
+def probe_arguments(spec: StackSpec) -> dict[str, str]:
+    """What the verify probe looks at on a host with this spec."""
+    env = spec.env
+    return {
+        "cuda_dir": spec.paths.cuda_dir,
+        "cudnn_tree": cudnn.extracted_dir(
+            spec.paths.cudnn_extract_dir, artifacts.artifact_path(spec, "cudnn")
+        ),
+        "python": env_python(env.conda_prefix, env.name),
+        "apex_key_file": f"{env_dir(env.conda_prefix, env.name)}/{apex.KEY_FILE}",
+        "verl_checkout": env.verl_checkout,
+        "verl_ref": spec.verl.ref,
+        "patch_record": f"{env.verl_checkout.rstrip('/')}/{RECORD_NAME}",
+    }
+
+
+def expected_apex_key(spec: StackSpec, gpus: list) -> str | None:
+    """The Apex build key deploy/python.py installs on a host with these GPUs."""
+    if not any(g.model for g in gpus):
+        return None
+    return apex.build_for(spec, gpus).key
+
+
+def checks_for(
+    spec: StackSpec, gpus: list, answers: Any, problem: str | None = None
+) -> list[Check]:
+    """Every check for one host from its probe answers (None: the probe could not run)."""
+    checks = run_checks(
+        answers if answers is not None else VerifyProbe.default(),
+        spec,
+        gpus,
+        apex_key=expected_apex_key(spec, gpus),
+    )
+    if answers is None:
+        checks = [
+            Check(
+                "probe",
+                FAIL,
+                f"the verify probe could not run: {problem}",
+                "run `pyinfra INVENTORY deploy/verify.py --debug` to see why",
+            )  # fmt: skip
+            if c.name == "probe"
+            else c
+            for c in checks
+        ]
+    return checks
+
+
+def summary_line(name: str, checks: list[Check]) -> str:
+    counts = {s: sum(c.status == s for c in checks) for s in ("PASS", "FAIL", "SKIP")}
+    return (
+        f"[{name}] verify: {host_verdict(checks)} "
+        f"({counts['PASS']} pass, {counts['FAIL']} fail, {counts['SKIP']} skip)"
+    )
+
+
+def finish(entries: dict[str, Any]) -> dict[str, Any]:
+    """Add hosts that were never reached, print the table, write the JSON report."""
+    entries = dict(entries)
+    for other in state.inventory:
+        if state.is_host_in_limit(other) and other not in state.activated_hosts:
+            entries.setdefault(other.name, report.unreachable_entry())
+    fleet = report.build_report(entries)
+    if os.environ.get(TABLE_ENV, "1") != "0":
+        report.print_report(fleet)
+    path = os.environ.get(report.REPORT_ENV)
+    if path:
+        report.write_report(fleet, path)
+    return fleet
+
+
+def _probe_now(target, spec: StackSpec) -> list[Check]:
+    """Run the probe on ``target`` now (not from the fact cache) and check the answers."""
+    fact = VerifyProbe()
+    command = fact.command(**probe_arguments(spec))
+    gpus = list(target.get_fact(PciGpus))
+    try:
+        ok, output = target.run_shell_command(command, print_output=False)
+    except Exception as exc:  # noqa: BLE001 - a host that cannot be probed FAILs, the run goes on
+        return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}")
+    if not ok:
+        return checks_for(spec, gpus, None, "; ".join(output.stderr_lines[-3:]) or "no output")
+    return checks_for(spec, gpus, fact.process(output.stdout_lines))
+
+
+class _VerifyAfterLastOperation(BaseStateCallback):
+    @staticmethod
+    def operation_end(state, op_hash) -> None:  # noqa: ARG004 - pyinfra's callback signature
+        order = state.get_op_order()
+        if not order or op_hash != order[-1]:
+            return
+        specs: dict = getattr(state, _SPECS_ATTR)
+        entries: dict[str, Any] = {}
+        failed = set()
+        for target in state.inventory:
+            spec = specs.get(target.name)
+            if spec is None or target not in state.activated_hosts:
+                continue
+            if target in state.failed_hosts:
+                entries[target.name] = report.host_entry(
+                    [
+                        Check(
+                            "provisioning",
+                            FAIL,
+                            "an earlier step failed on this host: not verified",
+                            "see the error above, fix it, then re-run",
+                        )
+                    ]  # fmt: skip
+                )
+                continue
+            checks = _probe_now(target, spec)
+            logger.info(summary_line(target.name, checks))
+            entries[target.name] = report.host_entry(checks)
+            if host_verdict(checks) == FAIL:
+                failed.add(target)
+                for check in checks:
+                    if check.status == FAIL:
+                        logger.error(f"[{target.name}] verify: {check.name}: {check.detail} "
+                                     f"(fix: {check.remedy})")  # fmt: skip
+        finish(entries)
+        if failed:
+            state.failed_hosts.update(failed)  # pyinfra exits 1; no operation is left to skip
+
+
+def verify_after_run(spec: StackSpec) -> None:
+    """Verify this host once the last operation of the run has ended (see module doc)."""
+    specs = getattr(state, _SPECS_ATTR, None)
+    if specs is None:
+        specs = {}
+        setattr(state, _SPECS_ATTR, specs)
+        state.add_callback_handler(_VerifyAfterLastOperation())
+    specs[host.name] = spec
