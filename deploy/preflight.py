@@ -15,7 +15,7 @@ from facts.host import FreeSpace, LinuxDistribution, os_label
 from facts.mirror import UrlHead
 from facts.system import ArtifactState, CudaToolkit
 from operations.artifacts import artifact_path
-from operations.preflight import refuse, validated_spec
+from operations.preflight import refuse_host, validated_spec
 from p40fleet import preflight
 from p40fleet.profile import summarize_host
 from p40fleet.spec import ARTIFACTS
@@ -57,7 +57,7 @@ if spec is not None:
     refusals = [r for r in refusals if r is not None]
     if refusals:
         # One failing operation names every cause at once: fix them all before the next run.
-        refuse(
+        refuse_host(
             name="Refuse: preflight",
             step="preflight",
             reason=f"{len(refusals)} problem(s), nothing was changed:\n"

@@ -66,7 +66,8 @@ def apex_builders() -> dict[str, str]:
     if cached is not None:
         return cached
     candidates = []
-    for target in state.inventory.get_active_hosts():
+    # Inventory order (get_active_hosts() is a set): the builder is the same every run.
+    for target in [h for h in state.inventory if h in state.inventory.get_active_hosts()]:
         try:
             target_spec = spec_for_host(target)
         except SpecError:

@@ -80,8 +80,31 @@ def _group_stack() -> dict:
     return copy.deepcopy(runpy.run_path(str(all_py)).get("stack") or {})
 
 
+def _stack_host_overrides() -> dict:
+    """``$P40LAB_STACK_HOST``: JSON ``{host or "*": stack_host dict}`` for one run (tests, demos).
+
+    e.g. ``P40LAB_STACK_HOST='{"lab3": {"policy": {"allow_reboot": false}}}'``.
+    """
+    raw = os.environ.get("P40LAB_STACK_HOST", "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise SystemExit(f"P40LAB_STACK_HOST is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise SystemExit('P40LAB_STACK_HOST must be {"HOST" or "*": {stack_host dict}}')
+    return data
+
+
 _state = _load_state()
 _stack = _merge(_group_stack(), _state.get("stack") or {})
+_overrides = _stack_host_overrides()
+
+
+def _stack_host(name: str, overrides: dict) -> dict:
+    return _merge(copy.deepcopy(overrides.get("*", {})), overrides.get(name, {}))
+
 
 _SSH = {
     "ssh_user": "root",
@@ -102,6 +125,7 @@ sim = [
             gpu_layout=h["layout"],
             sim_os=h["os"],
             stack=copy.deepcopy(_stack),
+            stack_host=_stack_host(h["name"], _overrides),
         ),
     )
     for h in _state["hosts"]
@@ -109,4 +133,4 @@ sim = [
 
 ray_head = [_state["hosts"][0]["name"]]
 
-del _state, _stack
+del _state, _stack, _overrides

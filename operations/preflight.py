@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
 
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
@@ -86,11 +86,32 @@ def refuse(step: str, reason: str, remedy: str):
     yield FunctionCommand(_fail, (), {})
 
 
+_REFUSED_ATTR = "p40fleet_refused_hosts"
+
+
+def refused_hosts() -> set[str]:
+    """Hosts already refused in this run (by the preflight or an invalid spec)."""
+    refused = getattr(state, _REFUSED_ATTR, None)
+    if refused is None:
+        refused = set()
+        setattr(state, _REFUSED_ATTR, refused)
+    return refused
+
+
+def refuse_host(step: str, reason: str, remedy: str, name: str | None = None) -> None:
+    """Queue ``refuse`` for the current host and remember it: later deploys add nothing for it."""
+    refused_hosts().add(host.name)
+    refuse(step=step, reason=reason, remedy=remedy, name=name or f"Refuse: {step}")
+
+
 def validated_spec() -> StackSpec | None:
     """The current host's StackSpec, or None after queueing a refusal if the spec is invalid.
 
-    Call at the top of every deploy; add no operations for the host when it returns None.
+    Call at the top of every deploy; add no operations for the host when it returns None
+    (also when an earlier deploy of this run refused the host).
     """
+    if host.name in refused_hosts():
+        return None
     try:
         return spec_for_host(host)
     except SpecError as exc:
@@ -103,7 +124,7 @@ def validated_spec() -> StackSpec | None:
             fg="yellow",
             log_func=logger.warning,
         )
-        refuse(
+        refuse_host(
             step="stack spec",
             reason=reason,
             remedy=_SPEC_REMEDY,

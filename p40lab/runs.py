@@ -21,6 +21,7 @@ SIM_INVENTORY = "inventories/sim.py"
 
 _STATUS = re.compile(r"^\s*\[(?P<host>[^\]]+)\]\s+(?P<status>Success|No changes|Error)\b")
 _CONNECTED = re.compile(r"^\s*\[(?P<host>[^\]]+)\]\s+Connected\b")
+_OPERATION = re.compile(r"^--> Starting operation: (?P<name>.*?)\s*$")
 
 
 @dataclass
@@ -36,6 +37,11 @@ class RunResult:
     unchanged: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
     bytes_served: int | None = None
+    operations: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def changed_operations(self, host: str) -> list[str]:
+        """Names of the operations that executed commands on ``host`` (pyinfra's "Success")."""
+        return [op for op, hosts in self.operations.items() if hosts.get(host) == "Success"]
 
     def hosts_ok(self) -> list[str]:
         return [h for h in self.connected if not self.errors[h]]
@@ -47,6 +53,18 @@ class RunResult:
             for h in self.connected
         ]
         return "; ".join(parts)
+
+
+def parse_operations(output: str) -> dict[str, dict[str, str]]:
+    """``{operation name: {host: Success | No changes | Error}}`` in the order they ran."""
+    operations: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in output.splitlines():
+        if m := _OPERATION.match(line):
+            current = operations.setdefault(m["name"], {})
+        elif current is not None and (m := _STATUS.match(line)):
+            current[m["host"]] = m["status"]
+    return operations
 
 
 def parse(output: str) -> tuple[list[str], Counter, Counter, Counter]:
@@ -69,7 +87,9 @@ def run(deploy: str, *args: str, inventory: str = SIM_INVENTORY, env: dict | Non
     """``pyinfra -y INVENTORY DEPLOY ARGS`` from the repo root, counting mirror bytes served."""
     from p40lab import mirror
 
-    argv = [sys.executable, "-m", "pyinfra", "-y", inventory, deploy, *args]
+    # -y skips pyinfra's change detection, which is all a --dry run is for (it never prompts).
+    yes = [] if "--dry" in args else ["-y"]
+    argv = [sys.executable, "-m", "pyinfra", *yes, inventory, deploy, *args]
     since = time.time()
     t0 = time.monotonic()
     proc = subprocess.run(
@@ -85,5 +105,6 @@ def run(deploy: str, *args: str, inventory: str = SIM_INVENTORY, env: dict | Non
     except OSError:
         served = None
     return RunResult(
-        argv, proc.returncode, seconds, proc.stdout, connected, changed, unchanged, errors, served
-    )
+        argv, proc.returncode, seconds, proc.stdout, connected, changed, unchanged, errors, served,
+        parse_operations(proc.stdout),
+    )  # fmt: skip

@@ -1,0 +1,223 @@
+"""End to end on the simulated lab: converge, re-run, dry run, pin bump, reinstall, faults.
+
+One fresh lab for the module (lab1 4xP40, lab2 8xP40, lab3 1xP100, lab4 2xH200), provisioned
+with ``deploy/full.py`` once; the tests then run in order, each leaving the fleet converged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from p40lab import mirror, runs
+
+pytestmark = pytest.mark.lab
+
+PROVISIONED = ("lab1", "lab2", "lab3")
+ENV_PYTHON = "/home/verl/miniconda3/envs/verl-p40/bin/python"
+CUDNN_TAR = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
+
+
+CONTROLLER_CACHE: dict[str, str] = {}  # P40FLEET_CACHE for this module's runs (Apex wheels)
+
+
+def full(*args: str, stack_host: dict | None = None) -> runs.RunResult:
+    env = dict(CONTROLLER_CACHE)
+    if stack_host:
+        env["P40LAB_STACK_HOST"] = json.dumps(stack_host)
+    return runs.run("deploy/full.py", *args, env=env)
+
+
+def assert_converged(result: runs.RunResult, hosts=PROVISIONED) -> None:
+    for name in hosts:
+        assert name in result.connected, result.output[-3000:]
+        assert not result.errors[name], f"{name} failed:\n{result.output[-5000:]}"
+        assert f"[{name}] verify: PASS" in result.output, result.output[-5000:]
+
+
+def upper(lab, name: str) -> Path:
+    return lab.root(name).parent / "upper"
+
+
+def snapshot(lab, name: str) -> dict[str, tuple[int, int]]:
+    """Every file the host wrote (its overlay upper layer): path -> (size, mtime_ns)."""
+    root = upper(lab, name)
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            rel = str(p.relative_to(root))
+            if rel.startswith(("var/log/", "root/.cache/")):
+                continue  # sshd's login records, pip's cache of a dry run: not the deploy's
+            st = p.lstat()
+            out[rel] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fleet(lab, tmp_path_factory):
+    """A fresh lab (new disks) and an empty controller cache, provisioned once."""
+    CONTROLLER_CACHE["P40FLEET_CACHE"] = str(tmp_path_factory.mktemp("controller-cache"))
+    lab.down()
+    lab.up()
+    first = full()
+    return {"lab": lab, "first": first}
+
+
+def test_fresh_fleet_converges_and_verifies(fleet):
+    lab, first = fleet["lab"], fleet["first"]
+    assert_converged(first)
+    for name in PROVISIONED:
+        version = lab.ssh(name, f"{ENV_PYTHON} -c 'import verl; print(verl.__version__)'")
+        assert version.stdout.strip() == "0.5.0", version.stderr
+        assert lab.ssh(name, "modinfo -F version nvidia").stdout.strip() == "525.147.05"
+        assert lab.ssh(name, "test -e /sys/module/nouveau").returncode == 1  # gone after reboot
+        nvcc = lab.ssh(name, "/usr/local/cuda/bin/nvcc --version").stdout
+        assert "release 11.8, V11.8.89" in nvcc
+
+
+def test_unsupported_gpu_refused_before_any_change(fleet):
+    lab, first = fleet["lab"], fleet["first"]
+    assert first.errors["lab4"] == 1 and not first.changed["lab4"]
+    assert "driver R525 does not support H200" in first.output
+    written = snapshot(lab, "lab4")
+    touched = ("var/cache/p40fleet", "usr/local/cuda", "home/verl")
+    assert not any(p.startswith(touched) for p in written)
+    assert "etc/modprobe.d/blacklist-nouveau.conf" not in written
+
+
+def test_apex_built_once_per_build_key(fleet):
+    lab = fleet["lab"]
+    builds = {
+        name: len((lab.root(name) / "home/verl/.p40lab-apex-builds.log").read_text().splitlines())
+        if (lab.root(name) / "home/verl/.p40lab-apex-builds.log").exists()
+        else 0
+        for name in PROVISIONED
+    }
+    # lab1 and lab2 share a key (sm 6.1): lab1 builds, lab2 installs lab1's wheel; lab3's P100
+    # (sm 6.0) is another key and builds its own.
+    assert builds == {"lab1": 1, "lab2": 0, "lab3": 1}
+
+
+def test_second_run_changes_nothing_and_downloads_nothing(fleet):
+    second = full()
+    assert_converged(second)
+    for name in PROVISIONED:
+        assert second.changed_operations(name) == [], name
+    assert second.bytes_served == 0
+
+
+def test_dry_run_with_a_verl_bump_changes_nothing_and_names_the_verl_steps(fleet):
+    lab = fleet["lab"]
+    bump = lab.state["stack"]["verl"]
+    tags = lab.ssh("lab1", "git ls-remote --tags http://10.231.0.1:8111/git/verl.git").stdout
+    bump_commit = next(
+        line.split()[0] for line in tags.splitlines() if line.endswith("v0.5.0-lab1")
+    )
+    pin = {"ref": "v0.5.0-lab1", "commit": bump_commit, "version": bump["version"]}
+    override = {"*": {"verl": pin}}
+    before = {name: snapshot(lab, name) for name in PROVISIONED}
+    dry = full("--dry", stack_host=override)
+    assert dry.returncode == 0, dry.output[-3000:]
+    assert "verl checkout at v0.5.0-lab1" in dry.output
+    for name in PROVISIONED:
+        assert snapshot(lab, name) == before[name], f"--dry changed files on {name}"
+    fleet["verl_bump"] = override
+
+
+def test_verl_ref_bump_reruns_only_the_verl_steps(fleet):
+    bumped = full(stack_host=fleet["verl_bump"])
+    assert_converged(bumped)
+    for name in PROVISIONED:
+        changed = bumped.changed_operations(name)
+        assert changed, name
+        assert all("verl" in op for op in changed), (name, changed)
+    back = full()
+    assert_converged(back)
+    for name in PROVISIONED:
+        assert all("verl" in op for op in back.changed_operations(name)), name
+
+
+def test_reinstall_keeps_home_and_reconverges(fleet):
+    lab = fleet["lab"]
+    env_python = lab.root("lab2") / "home/verl/miniconda3/envs/verl-p40/pyvenv.cfg"
+    inode = env_python.stat().st_ino
+    lab.reinstall("lab2")
+    assert lab.ssh("lab2", "test -e /sys/module/nouveau").returncode == 0  # a fresh OS
+    assert lab.ssh("lab2", "test -e /usr/local/cuda-11.8").returncode == 1
+    result = full()
+    assert_converged(result)
+    assert env_python.stat().st_ino == inode  # the env under /home was kept, not rebuilt
+    changed = result.changed_operations("lab2")
+    assert not any("Conda env" in op or "Build the Apex" in op for op in changed), changed
+    assert result.changed_operations("lab1") == [] and result.changed_operations("lab3") == []
+
+
+def test_allow_reboot_off_stops_that_host_and_the_others_finish(fleet):
+    lab = fleet["lab"]
+    lab.reinstall("lab3")
+    stopped = full(stack_host={"lab3": {"policy": {"allow_reboot": False}}})
+    assert stopped.errors["lab3"] == 1
+    assert "reboot required" in stopped.output
+    assert_converged(stopped, hosts=("lab1", "lab2"))
+    assert lab.ssh("lab3", "test -e /sys/module/nouveau").returncode == 0
+    assert_converged(full())
+
+
+def test_corrupted_artifact_is_refused_then_converges(fleet):
+    lab = fleet["lab"]
+    lab.reinstall("lab3")
+    mirror.corrupt_artifact(CUDNN_TAR)
+    try:
+        bad = full()
+        assert bad.errors["lab3"] == 1
+        assert CUDNN_TAR in bad.output and "sha256" in bad.output
+        assert lab.ssh("lab3", "ls /usr/local/cuda-11.8/include/cudnn.h").returncode != 0
+        assert lab.ssh("lab3", f"ls /var/cache/p40fleet/{CUDNN_TAR}").returncode != 0
+    finally:
+        mirror.restore_artifact(CUDNN_TAR)
+    assert_converged(full())
+
+
+def test_cuda_install_killed_midway_then_reconverges(fleet):
+    lab = fleet["lab"]
+    run = "/var/cache/p40fleet/cuda_11.8.0_520.61.05_linux.run"
+    killed = lab.ssh(
+        "lab1",
+        "rm -rf /usr/local/cuda-11.8 && timeout -s TERM 1 sh "
+        + run
+        + " --silent --toolkit --installpath=/usr/local/cuda-11.8 --override"
+        " --tmpdir=/var/cache/p40fleet; echo rc=$?",
+    )
+    assert "rc=124" in killed.stdout, killed.stdout + killed.stderr
+    assert lab.ssh("lab1", "test -e /usr/local/cuda-11.8/version.json").returncode == 1
+    result = full()
+    assert_converged(result)
+    assert any("CUDA" in op for op in result.changed_operations("lab1"))
+
+
+def test_deleted_env_python_rebuilds_the_env(fleet):
+    lab = fleet["lab"]
+    lab.ssh("lab1", f"rm -f {ENV_PYTHON} $(readlink -f {ENV_PYTHON})", check=True)
+    result = full()
+    assert_converged(result)
+    assert any("Conda env" in op for op in result.changed_operations("lab1"))
+
+
+def test_local_edit_in_verl_checkout_is_reported_and_kept(fleet):
+    lab = fleet["lab"]
+    edited = "/home/verl/verl/verl/utils/model.py"
+    lab.ssh("lab1", f"cp {edited} /root/model.py.orig && echo '# my local edit' >> {edited}",
+            check=True)  # fmt: skip
+    try:
+        result = full()
+        assert result.errors["lab1"] == 1
+        assert "verl/utils/model.py" in result.output
+        assert "# my local edit" in lab.ssh("lab1", f"tail -1 {edited}").stdout
+        assert_converged(result, hosts=("lab2", "lab3"))
+    finally:
+        lab.ssh("lab1", f"cp /root/model.py.orig {edited}", check=True)
+    assert_converged(full())
