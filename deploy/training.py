@@ -1,0 +1,61 @@
+"""Training launch: a ``~/launch-ppo.sh`` per host, right for its GPUs.
+
+    pyinfra -y inventories/lab.py deploy/training.py
+
+Runs after deploy/python.py (the training user, the conda env and verl exist). Per host:
+validated spec -> GPU facts (PCI ids; nvidia-smi memory when the driver answers) -> launch plan
+(``p40fleet.launch``: profile overrides and the sizing rule) -> the script in the training
+user's home. Changes nothing when the script is already right. A host that cannot get a script
+is refused on its own; the others go on.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+
+from facts.gpu import NvidiaSmi, PciGpus
+from operations import launch
+from operations.preflight import refuse, validated_spec
+from p40fleet.launch import LaunchError, LaunchPlan, plan_launch
+from p40fleet.spec import StackSpec
+
+
+def gpu_memory_mib(gpu_count: int) -> list[int | None]:
+    """nvidia-smi's ``memory.total`` per GPU, or ``[]`` when it does not answer for all of them."""
+    smi = host.get_fact(NvidiaSmi)
+    if not smi.ok or len(smi.gpus) != gpu_count:
+        return []
+    return [gpu.memory_mib for gpu in smi.gpus]
+
+
+def launch_plan(spec: StackSpec) -> LaunchPlan | None:
+    """This host's plan, or None after queueing a refusal that says why."""
+    gpus = list(host.get_fact(PciGpus))
+    try:
+        return plan_launch(spec, gpus, smi_memory_mib=gpu_memory_mib(len(gpus)))
+    except LaunchError as exc:
+        refuse(
+            name="Refuse: launch script",
+            step="launch script",
+            reason=str(exc),
+            remedy="run deploy/facts.py and fix what it reports",
+        )
+        return None
+
+
+def deploy(spec: StackSpec) -> None:
+    plan = launch_plan(spec)
+    if plan is None:
+        return
+    host.log(f"launch: {plan.sizing.describe()}")
+    launch.launch_script(
+        name=f"PPO launch script ~{spec.user.name}/{launch.SCRIPT_NAME} ({plan.profile})",
+        plan=plan,
+        user=spec.user.name,
+        home=spec.user.home,
+    )
+
+
+_spec = validated_spec()
+if _spec is not None:
+    deploy(_spec)

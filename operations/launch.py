@@ -1,0 +1,67 @@
+"""The training user's PPO launch script, rendered from ``files/launch-ppo.sh.j2``.
+
+The content comes from :func:`p40fleet.launch.plan_launch` (GPU facts + spec). Uploading is
+``files.template``'s: an identical file (same sha1, mode, owner) changes nothing.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Users
+from pyinfra.operations import files
+
+from operations.preflight import refuse
+from p40fleet.launch import LaunchPlan
+
+__all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path"]
+
+SCRIPT_NAME = "launch-ppo.sh"
+TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "launch-ppo.sh.j2")
+
+
+def script_path(home: str, name: str = SCRIPT_NAME) -> str:
+    """``<home>/launch-ppo.sh``."""
+    return posixpath.join(home, name)
+
+
+@operation()
+def launch_script(plan: LaunchPlan, user: str, home: str, name: str = SCRIPT_NAME):
+    """
+    Write ``<home>/<name>`` (mode 755, owned by ``user``) running verl's PPO per ``plan``.
+
+    + plan: the host's launch plan (``p40fleet.launch.plan_launch``)
+    + user: the training user (owner and group of the script)
+    + home: the training user's home, where the script goes
+    + name: the script's file name
+
+    Refuses the host (changes nothing) when the user or its home does not exist yet: the
+    Python layer (deploy/python.py) creates both.
+    """
+    if user not in host.get_fact(Users):
+        yield from refuse._inner(
+            step="launch script",
+            reason=f"training user {user} does not exist",
+            remedy="run deploy/python.py first (it creates the training user)",
+        )
+        return
+    if not host.get_fact(Directory, path=home):
+        yield from refuse._inner(
+            step="launch script",
+            reason=f"home directory {home} of training user {user} does not exist",
+            remedy="run deploy/python.py first (it creates the training user and its home)",
+        )
+        return
+    yield from files.template._inner(
+        src=TEMPLATE,
+        dest=script_path(home, name),
+        user=user,
+        group=user,
+        mode="755",
+        create_remote_dir=False,
+        **plan.template_vars(),
+    )

@@ -1,0 +1,343 @@
+"""p40fleet.launch (overrides per profile, sizing rule, refusals), the rendered launch script
+(bash -n, refusal with exit 2, exec with the overrides and "$@"), operations.launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shlex
+import subprocess
+
+import pytest
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import TmpDir, Users
+
+from operations import launch as launch_op
+from p40fleet import launch
+from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for
+from p40fleet.spec import load_spec
+from tests.opharness import at, run_op
+
+P40, P100_16, P4, V100_16, V100_32, T4 = 0x1B38, 0x15F8, 0x1BB3, 0x1DB4, 0x1DB5, 0x1EB8
+A100_40, A100_80, RTX3090, H100, K80, H200, M40 = (
+    0x20B0, 0x20B2, 0x2204, 0x2330, 0x102D, 0x2335, 0x17FD,
+)  # fmt: skip
+SPEC = load_spec("lab1", {})
+HOME = "/home/verl"
+SCRIPT = f"{HOME}/launch-ppo.sh"
+PY = "/home/verl/miniconda3/envs/verl-p40/bin/python"
+
+FP32_SDPA = [
+    "actor_rollout_ref.rollout.dtype=float32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype=fp32",
+    "+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+    "+critic.model.fsdp_config.mixed_precision.param_dtype=fp32",
+    "+actor_rollout_ref.model.override_config._attn_implementation=sdpa",
+    "actor_rollout_ref.model.use_remove_padding=False",
+]
+
+
+# ------------------------------------------------------------------ overrides per profile
+
+
+def test_pascal_overrides_hf_rollout_fp32_sdpa_no_compile():
+    assert profile_overrides("pascal") == [
+        "actor_rollout_ref.rollout.name=hf",
+        *FP32_SDPA,
+        "actor_rollout_ref.actor.use_torch_compile=False",
+    ]
+
+
+def test_volta_turing_overrides_vllm_in_fp32_and_sdpa():
+    assert profile_overrides("volta-turing") == ["actor_rollout_ref.rollout.name=vllm", *FP32_SDPA]
+
+
+def test_ampere_plus_adds_nothing_to_verls_defaults():
+    assert profile_overrides("ampere-plus") == []
+
+
+@pytest.mark.parametrize("profile", ["maxwell", "refused", "", "Pascal"])
+def test_unknown_profile_is_refused(profile):
+    with pytest.raises(LaunchError, match="unknown GPU profile"):
+        profile_overrides(profile)
+    with pytest.raises(LaunchError, match="unknown GPU profile"):
+        size_for(profile, 4, 24)
+
+
+def test_no_made_up_environment_variables():
+    plan = plan_launch(SPEC, [P40] * 4)
+    assert dict(plan.env) == {"PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "1"}
+    assert not any("TRITON" in o for o in plan.overrides)
+
+
+# ------------------------------------------------------------------ sizing rule
+
+
+@pytest.mark.parametrize(
+    ("gpu", "micro", "vllm"),
+    [
+        (P4, 1, None),  # 8 GiB fp32
+        (P100_16, 2, None),  # 16 GiB fp32
+        (P40, 4, None),  # 24 GiB fp32
+        (V100_16, 2, 0.60),  # 16 GiB fp32
+        (T4, 2, 0.60),
+        (V100_32, 4, 0.35),  # 32 GiB fp32; 12/32 = 0.375 -> 0.35
+        (RTX3090, 8, 0.50),  # 24 GiB bf16 = 48 effective
+        (A100_40, 16, 0.30),  # 40 GiB bf16 = 80 effective
+        (A100_80, 16, 0.30),
+        (H100, 16, 0.30),
+    ],
+)
+def test_sizing_rule_per_gpu(gpu, micro, vllm):
+    for n in (1, 2, 4, 8):
+        plan = plan_launch(SPEC, [gpu] * n)
+        s = plan.sizing
+        assert s.micro_batch_per_gpu == micro
+        assert s.log_prob_micro_batch_per_gpu == 2 * micro
+        assert s.ppo_mini_batch_size == 2 * micro * n
+        assert s.train_batch_size == 8 * micro * n
+        assert s.gpu_memory_utilization == vllm
+        assert (s.hf_generate_micro_batch == 4 * micro) == (plan.profile == "pascal")
+        assert f"trainer.n_gpus_per_node={n}" in plan.overrides
+
+
+def test_sizing_p40x4_and_a100x8_values():
+    p40 = plan_launch(SPEC, [P40] * 4).overrides
+    for o in (
+        "data.train_batch_size=128",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "+actor_rollout_ref.rollout.micro_batch_size=16",
+    ):
+        assert o in p40
+    assert not any("gpu_memory_utilization" in o for o in p40)  # the HF rollout ignores it
+    a100 = plan_launch(SPEC, [A100_80] * 8).overrides
+    assert "data.train_batch_size=1024" in a100  # = verl's default at this size
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size=256" in a100
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.30" in a100
+    assert not any("micro_batch_size=" in o and o.startswith("+") for o in a100)
+
+
+def test_ecc_memory_from_nvidia_smi_stays_in_the_same_bucket():
+    # P40 with ECC on reports 22919 MiB; V100 16GB 16160 MiB
+    ecc = plan_launch(SPEC, [P40] * 4, smi_memory_mib=[22919] * 4).sizing
+    assert ecc.memory_gib == pytest.approx(22919 / 1024)
+    assert ecc.micro_batch_per_gpu == plan_launch(SPEC, [P40] * 4).sizing.micro_batch_per_gpu
+    v100 = plan_launch(SPEC, [V100_16] * 2, smi_memory_mib=[16160, 16160]).sizing
+    assert v100.micro_batch_per_gpu == 2
+
+
+def test_smallest_gpu_sizes_a_mixed_host():
+    s = plan_launch(SPEC, [V100_32, V100_16]).sizing
+    assert s.memory_gib == 16 and s.micro_batch_per_gpu == 2
+    # an incomplete nvidia-smi answer falls back to the catalog
+    assert plan_launch(SPEC, [P40, P40], smi_memory_mib=[22919, None]).sizing.memory_gib == 24
+
+
+def test_pascal_with_ampere_on_one_host_takes_the_lowest_profile():
+    plan = plan_launch(SPEC, [P40, A100_80])
+    assert plan.profile == "pascal"
+    assert "actor_rollout_ref.rollout.name=hf" in plan.overrides
+
+
+def test_vllm_memory_utilization_clamped_and_rounded_down():
+    assert launch.vllm_memory_utilization(8) == 0.60
+    assert launch.vllm_memory_utilization(24) == 0.50
+    assert launch.vllm_memory_utilization(32) == 0.35
+    assert launch.vllm_memory_utilization(141) == 0.30
+
+
+# ------------------------------------------------------------------ refusals
+
+
+@pytest.mark.parametrize(
+    ("gpus", "why"),
+    [
+        ([K80], "compute capability 3.7"),
+        ([H200], "does not support"),
+        ([0x9999], "unknown NVIDIA device"),
+        ([], "no NVIDIA GPU found"),
+    ],
+)
+def test_refused_hosts_get_no_plan(gpus, why):
+    with pytest.raises(LaunchError, match=why):
+        plan_launch(SPEC, gpus)
+
+
+def test_unknown_memory_is_refused_unless_nvidia_smi_says():
+    spec = load_spec("lab1", {"policy": {"allow_maxwell": True}})
+    with pytest.raises(LaunchError, match="memory size of Tesla M40 unknown"):
+        plan_launch(spec, [M40])
+    assert plan_launch(spec, [M40], smi_memory_mib=[24478]).sizing.micro_batch_per_gpu == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"model_name": "../etc"},
+        {"model_name": "Qwen 0.5B"},
+        {"train_file": "/abs/train.parquet"},
+        {"val_file": "a,b.parquet"},
+    ],
+)
+def test_names_that_cannot_be_hydra_values_are_refused(kwargs):
+    with pytest.raises(LaunchError, match="expected a"):
+        plan_launch(SPEC, [P40], **kwargs)
+
+
+def test_model_and_data_names_are_parameters():
+    plan = plan_launch(
+        SPEC, [P40], model_name="Qwen2.5-1.5B-Instruct", train_file="m/t.parquet", val_file="v.pq"
+    )
+    assert plan.model_path == "/home/verl/models/Qwen2.5-1.5B-Instruct"
+    assert "critic.model.path=/home/verl/models/Qwen2.5-1.5B-Instruct" in plan.overrides
+    assert "data.train_files=/home/verl/data/m/t.parquet" in plan.overrides
+    assert "data.val_files=/home/verl/data/v.pq" in plan.overrides
+    assert plan.argv()[:3] == [PY, "-m", "verl.trainer.main_ppo"]
+
+
+# ------------------------------------------------------------------ the script
+
+
+USERS = {"verl": {"uid": 2001, "home": HOME}}
+FRESH = {
+    Users: USERS,
+    at(Directory, path=HOME): {"mode": 750},
+    File: None,
+    Directory: None,
+    TmpDir: "/tmp",
+}
+
+
+def render(plan) -> str:
+    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=FRESH)
+    return r.uploads[SCRIPT]
+
+
+def test_operation_uploads_owned_by_the_user_mode_755():
+    r = run_op(
+        launch_op.launch_script,
+        plan=plan_launch(SPEC, [P40] * 4),
+        user="verl",
+        home=HOME,
+        facts=FRESH,
+    )
+    assert r.commands == [f"upload {SCRIPT}", f"chown verl:verl {SCRIPT}", f"chmod 755 {SCRIPT}"]
+
+
+def test_operation_identical_script_is_no_change():
+    plan = plan_launch(SPEC, [P40] * 4)
+    text = render(plan)
+    facts = {
+        **FRESH,
+        at(File, path=SCRIPT): {"mode": 755, "user": "verl", "group": "verl"},
+        Sha1File: hashlib.sha1(text.encode()).hexdigest(),
+    }
+    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts)
+    assert r.commands == [] and r.noops
+    # another GPU count is another script
+    other = plan_launch(SPEC, [P40] * 8)
+    r = run_op(launch_op.launch_script, plan=other, user="verl", home=HOME, facts=facts)
+    assert r.commands[0] == f"upload {SCRIPT}"
+
+
+def test_operation_refuses_without_the_training_user_or_home():
+    plan = plan_launch(SPEC, [P40])
+    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts={Users: {}})
+    assert r.commands == ["function _fail"] and "run deploy/python.py" in r.failures[0]
+    facts = {Users: USERS, at(Directory, path=HOME): None}
+    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts)
+    assert "home directory /home/verl" in r.failures[0]
+
+
+@pytest.mark.parametrize("gpus", [[P40] * 4, [A100_80] * 8, [T4]])
+def test_rendered_script_passes_bash_n(gpus, tmp_path):
+    plan = plan_launch(SPEC, gpus)
+    text = render(plan)
+    script = tmp_path / "launch-ppo.sh"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    assert text.startswith("#!/usr/bin/env bash\n")
+    assert 'exec "$PYTHON" -m verl.trainer.main_ppo \\\n' in text
+    for override in plan.overrides:
+        assert f"    {shlex.quote(override)} \\\n" in text
+    assert text.endswith('    "$@"\n')
+    assert "TRITON" not in text
+    assert plan.sizing.describe() in text
+
+
+FAKE_PYTHON = """#!/bin/sh
+printf '%s\\n' "$PWD" "$@" > "$ARGS_OUT"
+"""
+
+
+def local_plan(tmp_path, gpus=(P40, P40, P40, P40)):
+    """The host's plan with python, model, data and workdir moved into tmp_path."""
+    plan = plan_launch(SPEC, list(gpus))
+    python = tmp_path / "env" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    work = tmp_path / "home"
+    work.mkdir()
+    return dataclasses.replace(
+        plan,
+        python=str(python),
+        workdir=str(work),
+        model_path=str(tmp_path / "models" / "Qwen2.5-0.5B-Instruct"),
+        train_file=str(tmp_path / "data" / "gsm8k" / "train.parquet"),
+        val_file=str(tmp_path / "data" / "gsm8k" / "test.parquet"),
+    )
+
+
+def run_script(plan, tmp_path, *args):
+    script = tmp_path / "launch-ppo.sh"
+    script.write_text(render(plan))
+    env = {"PATH": os.environ["PATH"], "ARGS_OUT": str(tmp_path / "args.txt")}
+    return subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=30
+    )
+
+
+def test_script_exits_2_when_the_model_dir_is_missing(tmp_path):
+    plan = local_plan(tmp_path)
+    result = run_script(plan, tmp_path)
+    assert result.returncode == 2
+    assert f"model directory {plan.model_path} is missing" in result.stderr
+    assert not (tmp_path / "args.txt").exists()  # python never ran
+
+
+def test_script_exits_2_when_a_data_file_is_missing(tmp_path):
+    plan = local_plan(tmp_path)
+    os.makedirs(plan.model_path)
+    result = run_script(plan, tmp_path)
+    assert result.returncode == 2
+    assert f"training data {plan.train_file} is missing" in result.stderr
+    os.makedirs(os.path.dirname(plan.train_file))
+    open(plan.train_file, "w").close()
+    result = run_script(plan, tmp_path)
+    assert result.returncode == 2 and f"validation data {plan.val_file}" in result.stderr
+
+
+def test_script_exits_2_without_the_envs_python(tmp_path):
+    plan = dataclasses.replace(local_plan(tmp_path), python=str(tmp_path / "no" / "python"))
+    result = run_script(plan, tmp_path)
+    assert result.returncode == 2 and "no python at" in result.stderr
+
+
+def test_script_execs_main_ppo_with_overrides_then_arguments(tmp_path):
+    plan = local_plan(tmp_path)
+    os.makedirs(plan.model_path)
+    os.makedirs(os.path.dirname(plan.train_file))
+    for path in (plan.train_file, plan.val_file):
+        open(path, "w").close()
+    extra = ["trainer.total_epochs=1", "trainer.experiment_name=a b"]
+    result = run_script(plan, tmp_path, *extra)
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "args.txt").read_text().splitlines()
+    assert lines == [plan.workdir, "-m", "verl.trainer.main_ppo", *plan.overrides, *extra]
