@@ -5,9 +5,10 @@ checkout) and becomes ``new``. The applier (``files/verl_patch.py``, standard li
 on the host) checks every rule before writing any file and records what it applied; this module
 loads it for in-process use (:func:`plan`, :func:`apply`) so there is one implementation.
 
-Profiles (stack-facts §3): ``pascal`` (cc 6.x) gets the rules below; ``volta-turing`` (7.x)
-runs fp32 + sdpa through config overrides only, no source patch; ``ampere-plus`` (>= 8.0) runs
-verl untouched. ``maxwell`` (5.x, only with an explicit override) is treated like ``pascal``.
+Profiles (stack-facts §3): ``pascal`` (cc 6.x) gets the rules below, and so does
+``volta-turing`` (7.x): verl 0.5.0 hard-codes bf16 autocast in the actor/critic forward and loads
+the critic with flash_attention_2 where no config reaches, and neither bf16 nor flash-attn 2 runs
+below cc 8.0; ``ampere-plus`` (>= 8.0) runs verl untouched. ``maxwell`` (5.x, only with an explicit override) is treated like ``pascal``.
 
 Left alone on purpose: the model merger (it calls tensor dtype methods such as ``.bfloat16()``),
 Megatron code and ``verl/utils/torch_dtypes.py``. Dtype sites that config already reaches
@@ -293,7 +294,7 @@ _SEED_REASON = (
 RULE_SETS: dict[str, dict[str, RuleSet]] = {
     "v0.5.0": {
         "pascal": RuleSet("v0.5.0", "pascal", _V050_PASCAL),
-        "volta-turing": RuleSet("v0.5.0", "volta-turing", ()),
+        "volta-turing": RuleSet("v0.5.0", "volta-turing", _V050_PASCAL),
         "ampere-plus": RuleSet("v0.5.0", "ampere-plus", ()),
     },
     SEED_COMMIT: {

@@ -114,9 +114,9 @@ def test_dry_run_with_a_verl_bump_changes_nothing_and_names_the_verl_steps(fleet
     lab = fleet["lab"]
     bump = lab.state["stack"]["verl"]
     tags = lab.ssh("lab1", "git ls-remote --tags http://10.231.0.1:8111/git/verl.git").stdout
-    bump_commit = next(
-        line.split()[0] for line in tags.splitlines() if line.endswith("v0.5.0-lab1")
-    )
+    refs = dict(reversed(line.split()) for line in tags.splitlines())
+    # an annotated tag: the commit is the peeled ref
+    bump_commit = refs.get("refs/tags/v0.5.0-lab1^{}") or refs["refs/tags/v0.5.0-lab1"]
     pin = {"ref": "v0.5.0-lab1", "commit": bump_commit, "version": bump["version"]}
     override = {"*": {"verl": pin}}
     before = {name: snapshot(lab, name) for name in PROVISIONED}
