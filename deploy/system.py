@@ -60,7 +60,7 @@ if spec is not None:
         version=spec.cuda.version,
         cuda_dir=paths.cuda_dir,
         tmpdir=paths.artifact_cache,
-        tmp_bytes=cuda.default_tmp_bytes(spec.cuda.size),
+        tmp_bytes=spec.cuda.tmp_bytes(),
         allow_gcc_override=spec.policy.allow_gcc_override,
         force="cuda" in force,
     )

@@ -97,9 +97,26 @@ def _stack_host_overrides() -> dict:
     return data
 
 
+def _host_data_overrides() -> dict:
+    """``$P40LAB_HOST_DATA``: JSON ``{host or "*": {key: value}}`` of extra host data for one
+    run, e.g. pyinfra's ``_sudo``/``_sudo_password`` (the fault tests check it is never shown).
+    """
+    raw = os.environ.get("P40LAB_HOST_DATA", "").strip()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise SystemExit(f"P40LAB_HOST_DATA is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise SystemExit('P40LAB_HOST_DATA must be {"HOST" or "*": {key: value}}')
+    return data
+
+
 _state = _load_state()
 _stack = _merge(_group_stack(), _state.get("stack") or {})
 _overrides = _stack_host_overrides()
+_host_data = _host_data_overrides()
 
 
 def _stack_host(name: str, overrides: dict) -> dict:
@@ -126,11 +143,13 @@ sim = [
             sim_os=h["os"],
             stack=copy.deepcopy(_stack),
             stack_host=_stack_host(h["name"], _overrides),
-        ),
+        )
+        | _host_data.get("*", {})
+        | _host_data.get(h["name"], {}),
     )
     for h in _state["hosts"]
 ]
 
 ray_head = [_state["hosts"][0]["name"]]
 
-del _state, _stack, _overrides
+del _state, _stack, _overrides, _host_data

@@ -15,8 +15,6 @@ from p40fleet.spec import ARTIFACTS, StackSpec
 
 # The seed targets Ubuntu 20.04; CUDA 11.8 and R525 also support 22.04.
 SUPPORTED_OS = ("Ubuntu 20.04", "Ubuntu 22.04")
-# The CUDA runfile unpacks itself (~4.3 GB) into --tmpdir before installing.
-CUDA_UNPACK_FACTOR = 1.1
 
 
 @dataclass(frozen=True)
@@ -62,9 +60,8 @@ def space_needed(spec: StackSpec, verified: Mapping[str, bool], cuda_installed: 
         size = spec.artifact(item).size
         if size and not verified.get(item, False):
             needed += size
-    cuda_size = spec.cuda.size
-    if cuda_size and not cuda_installed:
-        needed += int(cuda_size * CUDA_UNPACK_FACTOR)
+    if not cuda_installed:
+        needed += spec.cuda.tmp_bytes()
     return needed
 
 

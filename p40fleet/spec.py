@@ -296,6 +296,14 @@ class CudaArtifact(Artifact):
     )
     sha256: Sha256 = "9223c4af3aebe4a7bbed9abd9b163b03a1b34b855fbc2b4a0d1b706ac09a5a16"
     size: int | None = Field(default=4336730777, gt=0)
+    # Room the runfile unpacks itself into (--tmpdir) before installing; None: 1.1 x size.
+    unpack_bytes: int | None = Field(default=None, gt=0)
+
+    def tmp_bytes(self) -> int:
+        """Bytes --tmpdir must have free for the install (the unpack, or 1.1 x the file)."""
+        if self.unpack_bytes:
+            return self.unpack_bytes
+        return int(self.size * 1.1) if self.size else 4_500_000_000
 
 
 class CudnnArtifact(Artifact):

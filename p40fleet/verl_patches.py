@@ -8,7 +8,8 @@ loads it for in-process use (:func:`plan`, :func:`apply`) so there is one implem
 Profiles (stack-facts §3): ``pascal`` (cc 6.x) gets the rules below, and so does
 ``volta-turing`` (7.x): verl 0.5.0 hard-codes bf16 autocast in the actor/critic forward and loads
 the critic with flash_attention_2 where no config reaches, and neither bf16 nor flash-attn 2 runs
-below cc 8.0; ``ampere-plus`` (>= 8.0) runs verl untouched. ``maxwell`` (5.x, only with an explicit override) is treated like ``pascal``.
+below cc 8.0; ``ampere-plus`` (>= 8.0) runs verl untouched. ``maxwell`` (5.x, only with an
+explicit override) is treated like ``pascal``.
 
 Left alone on purpose: the model merger (it calls tensor dtype methods such as ``.bfloat16()``),
 Megatron code and ``verl/utils/torch_dtypes.py``. Dtype sites that config already reaches

@@ -683,7 +683,9 @@ def ensure_mirror(
         from p40lab import sim_stack
 
         python = sim_stack.build_python_mirror(mirror_dir, base_url)
-        stack = sim_stack.sim_stack(pins, python, base_url, sim_stack.base_python_version())
+        stack = sim_stack.sim_stack(
+            pins, python, base_url, sim_stack.base_python_version(), unpack_bytes=unpack
+        )
         lab_state.set_stack_overrides(stack, replace=True)
     return pins
 

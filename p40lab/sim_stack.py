@@ -45,10 +45,12 @@ def build_python_mirror(mirror_dir: Path, base_url: str) -> dict[str, Any]:
 
 
 def sim_stack(artifact_pins: dict[str, Any], python: dict[str, Any], base_url: str,
-              python_version: str) -> dict[str, Any]:  # fmt: skip
+              python_version: str, unpack_bytes: int) -> dict[str, Any]:  # fmt: skip
     """Host data ``stack`` for sim hosts: the doubles' sums, the mirror, what the lab can run."""
     artifacts = ("driver", "cuda", "cudnn", "miniconda")
-    stack = {k: v for k, v in artifact_pins.items() if k in artifacts}
+    stack = {k: dict(v) for k, v in artifact_pins.items() if k in artifacts}
+    # The CUDA double needs what the real runfile needs in --tmpdir, though it is small itself.
+    stack["cuda"]["unpack_bytes"] = unpack_bytes
     stack["mirror"] = {
         "artifacts_url": f"{base_url}/artifacts",
         "pip_index_url": python["wheels"]["pip_index_url"],

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -340,6 +341,9 @@ def test_server_logs_bytes(built, tmp_path):
         assert hashlib.sha256(data).hexdigest() == pins["cudnn"]["sha256"]
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen("http://127.0.0.1:18111/artifacts/nope", timeout=5)
+        deadline = time.monotonic() + 5  # the server logs after the client has its answer
+        while len(mirror.access_entries(log)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         assert mirror.stop_server(pid_file=pidf)
     assert not pidf.exists()

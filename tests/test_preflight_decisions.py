@@ -32,7 +32,8 @@ def test_space_needed_counts_only_unverified_artifacts_and_the_cuda_unpack():
     everything = preflight.space_needed(SPEC, {}, cuda_installed=False)
     cuda = SPEC.cuda.size
     cudnn = SPEC.cudnn.size
-    assert everything == cuda + cudnn + int(cuda * preflight.CUDA_UNPACK_FACTOR)
+    assert everything == cuda + cudnn + SPEC.cuda.tmp_bytes()
+    assert SPEC.cuda.tmp_bytes() == int(cuda * 1.1)  # no unpack_bytes pinned: 1.1 x the file
     cached = {"driver": True, "cuda": True, "cudnn": True, "miniconda": True}
     assert preflight.space_needed(SPEC, cached, cuda_installed=True) == 0
 
