@@ -18,7 +18,9 @@ local.include("deploy/preflight.py")
 local.include("deploy/system.py")
 # 3. Python layer: training user, Miniconda + env, torch, Apex, verl patched + --no-deps.
 local.include("deploy/python.py")
-# 4. Verification: the three-line check and the rest, once the last operation has run
+# 4. Training: a launch script for verl's PPO in the training user's home, right for its GPUs.
+local.include("deploy/training.py")
+# 5. Verification: the three-line check and the rest, once the last operation has run
 #    (deploy/verify.py alone checks hosts as they are now).
 try:
     verify_after_run(spec_for_host(host))

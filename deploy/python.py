@@ -122,6 +122,7 @@ def deploy(spec: StackSpec) -> None:
         return
 
     # 1. Training user: fixed uid, so a reinstalled OS gets the same owner for the kept /home.
+    training_user.queued_hosts(state).add(host.name)
     training_user.training_user(
         name=f"Training user {user.name} (uid {user.uid})",
         user=user.name,

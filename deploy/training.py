@@ -11,10 +11,10 @@ is refused on its own; the others go on.
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, state
 
 from facts.gpu import NvidiaSmi, PciGpus
-from operations import launch
+from operations import launch, training_user
 from operations.preflight import refuse, validated_spec
 from p40fleet.launch import LaunchError, LaunchPlan, plan_launch
 from p40fleet.spec import StackSpec
@@ -53,6 +53,7 @@ def deploy(spec: StackSpec) -> None:
         plan=plan,
         user=spec.user.name,
         home=spec.user.home,
+        user_queued=host.name in training_user.queued_hosts(state),
     )
 
 

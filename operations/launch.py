@@ -30,7 +30,9 @@ def script_path(home: str, name: str = SCRIPT_NAME) -> str:
 
 
 @operation()
-def launch_script(plan: LaunchPlan, user: str, home: str, name: str = SCRIPT_NAME):
+def launch_script(
+    plan: LaunchPlan, user: str, home: str, name: str = SCRIPT_NAME, user_queued: bool = False
+):
     """
     Write ``<home>/<name>`` (mode 755, owned by ``user``) running verl's PPO per ``plan``.
 
@@ -38,18 +40,19 @@ def launch_script(plan: LaunchPlan, user: str, home: str, name: str = SCRIPT_NAM
     + user: the training user (owner and group of the script)
     + home: the training user's home, where the script goes
     + name: the script's file name
+    + user_queued: an earlier operation of this run creates the user and home (deploy/full.py)
 
     Refuses the host (changes nothing) when the user or its home does not exist yet: the
     Python layer (deploy/python.py) creates both.
     """
-    if user not in host.get_fact(Users):
+    if not user_queued and user not in host.get_fact(Users):
         yield from refuse._inner(
             step="launch script",
             reason=f"training user {user} does not exist",
             remedy="run deploy/python.py first (it creates the training user)",
         )
         return
-    if not host.get_fact(Directory, path=home):
+    if not user_queued and not host.get_fact(Directory, path=home):
         yield from refuse._inner(
             step="launch script",
             reason=f"home directory {home} of training user {user} does not exist",

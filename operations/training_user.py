@@ -78,3 +78,13 @@ def as_user(user: str | None, command: StringCommand) -> StringCommand:
     if not user:
         return command
     return StringCommand("su -s /bin/sh", QuoteString(user), "-c", QuoteString(command))
+
+
+def queued_hosts(state) -> set[str]:
+    """Hosts whose training user is created by an operation of this run (later deploys of the
+    same run, e.g. deploy/training.py, may rely on the user before it exists)."""
+    queued = getattr(state, "p40fleet_training_user_queued", None)
+    if queued is None:
+        queued = set()
+        state.p40fleet_training_user_queued = queued
+    return queued
