@@ -13,6 +13,7 @@ import os
 import posixpath
 
 from pyinfra import host, state
+from pyinfra.operations import files
 
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
@@ -129,6 +130,15 @@ def deploy(spec: StackSpec) -> None:
         uid=user.uid,
         home=user.home,
     )
+
+    files.directory(
+        name=f"Training data dir {env.data_dir}", path=env.data_dir, user=user.name,
+        group=user.name, mode="755",
+    )  # fmt: skip
+    files.directory(
+        name=f"Model dir {env.model_dir}", path=env.model_dir, user=user.name,
+        group=user.name, mode="755",
+    )  # fmt: skip
 
     # 2. Miniconda from the sha256-verified installer; ToS per policy.
     artifacts.artifact(name=f"Fetch {spec.miniconda.filename}", item="miniconda", spec=spec)

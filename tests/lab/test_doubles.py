@@ -38,6 +38,11 @@ def fetch(lab, host, name):
     sh(lab, host, f"mkdir -p /root/art && cd /root/art && curl -fsSO {ART}/{name}")
 
 
+def drop_headers(lab, host):
+    """Lab hosts boot with headers for the running kernel; take them away (as on a fresh box)."""
+    sh(lab, host, "rm -rf /lib/modules/$(uname -r)/build")
+
+
 def install_headers(lab, host):
     sh(lab, host, "apt-get update -qq && apt-get install -y -qq linux-headers-$(uname -r)")
 
@@ -47,6 +52,7 @@ def install_headers(lab, host):
 
 def test_apt_installs_headers_from_lab_mirror(lab):
     lab.reinstall("lab4")
+    drop_headers(lab, "lab4")
     r = sh(lab, "lab4", "test -e /lib/modules/$(uname -r)/build", ok=False)
     assert r.returncode != 0
     install_headers(lab, "lab4")
@@ -61,6 +67,7 @@ def test_apt_installs_headers_from_lab_mirror(lab):
 def test_driver_flow(lab):
     host = "lab1"
     lab.reinstall(host)
+    drop_headers(lab, host)
     fetch(lab, host, DRIVER)
     run = f"sh /root/art/{DRIVER}"
     # not --silent, no TTY (ssh without a pty) -> refused

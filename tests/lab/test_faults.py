@@ -59,8 +59,9 @@ def fleet(lab, tmp_path_factory):
     lab.up("4xP40,4xP40,0,1xK80,4xP40", os_opts=["lab5=debian12"])
     first = full()
     for name in ("lab1", "lab2"):
-        lab.ssh(name, f"echo 'data of {name}' > {HOME_MARKER} && chown verl: {HOME_MARKER}",
-                check=True)  # fmt: skip
+        data = Path(HOME_MARKER).parent
+        lab.ssh(name, f"mkdir -p {data} && echo 'data of {name}' > {HOME_MARKER} "
+                f"&& chown -R verl: {data}", check=True)  # fmt: skip
     yield {"lab": lab, "first": first}
     # the session's other modules expect the default lab
     lab.down()

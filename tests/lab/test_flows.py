@@ -64,7 +64,10 @@ def fleet(lab, tmp_path_factory):
     lab.down()
     lab.up()
     first = full()
-    return {"lab": lab, "first": first}
+    yield {"lab": lab, "first": first}
+    # the session's other modules expect a fresh default lab
+    lab.down()
+    lab.up()
 
 
 def test_fresh_fleet_converges_and_verifies(fleet):
