@@ -17,9 +17,7 @@ import pytest
 
 from p40lab import doubles, mirror
 
-FIXTURES = Path("/work/shared/fixtures")
-if not FIXTURES.is_dir():
-    FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent / "fixtures"  # copies of shared/fixtures (real captures)
 
 needs_tools = pytest.mark.skipif(
     not (shutil.which("gcc") and shutil.which("dpkg-deb")), reason="needs gcc and dpkg-deb"

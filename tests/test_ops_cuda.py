@@ -1,3 +1,5 @@
+from pathlib import Path
+
 """operations.cuda: toolkit runfile flags, gcc/space refusals, skip rules, link, profile."""
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def test_verify():
 
 
 def test_facts_parse_real_outputs():
-    nvcc = open("/work/shared/fixtures/cuda/nvcc-version-11.8-genffy-blog.txt").read()
+    nvcc = open(str(Path(__file__).parent / "fixtures/cuda") + "/nvcc-version-11.8-genffy-blog.txt").read()
     assert NvccRelease().process(nvcc.splitlines()) == "11.8.89"
     out = [
         "##dir",

@@ -214,6 +214,6 @@ def test_verify_reads_cudnn_version_h():
 
 
 def test_header_fact_parses_a_real_cudnn_version_h():
-    path = "/work/shared/fixtures/cuda/cudnn_version.h-8.9.1-full-xiaohaoo-yolo-tensorrt.h"
+    path = str(Path(__file__).parent / "fixtures/cuda") + "/cudnn_version.h-8.9.1-full-xiaohaoo-yolo-tensorrt.h"
     assert local_fact(CudnnHeaderVersion, path=path) == "8.9.1"
     assert local_fact(CudnnHeaderVersion, path="/nonexistent/cudnn_version.h") is None
