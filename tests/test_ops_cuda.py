@@ -1,11 +1,10 @@
-from pathlib import Path
-
 """operations.cuda: toolkit runfile flags, gcc/space refusals, skip rules, link, profile."""
 
 from __future__ import annotations
 
 import hashlib
 import subprocess
+from pathlib import Path
 
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import TmpDir
@@ -14,6 +13,8 @@ from facts.host import FreeSpace, FreeSpaceInfo
 from facts.system import CudaInstall, CudaToolkit, GccMajor, NvccRelease
 from operations import cuda
 from tests.opharness import at, run_op
+
+FIXTURES = Path(__file__).parent / "fixtures/cuda"  # copies of shared/fixtures/cuda
 
 RUN = "/var/cache/p40fleet/cuda_11.8.0_520.61.05_linux.run"
 DIR = "/usr/local/cuda-11.8"
@@ -150,7 +151,7 @@ def test_verify():
 
 
 def test_facts_parse_real_outputs():
-    nvcc = open(str(Path(__file__).parent / "fixtures/cuda") + "/nvcc-version-11.8-genffy-blog.txt").read()
+    nvcc = open(FIXTURES / "nvcc-version-11.8-genffy-blog.txt").read()
     assert NvccRelease().process(nvcc.splitlines()) == "11.8.89"
     out = [
         "##dir",

@@ -10,6 +10,8 @@ from facts.system import CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
 from operations import cudnn
 from tests.opharness import at, run_op
 
+FIXTURES = Path(__file__).parent / "fixtures/cuda"  # copies of shared/fixtures/cuda
+
 SRC_ROOT = "/usr/local/src"
 TAR = "/var/cache/p40fleet/cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
 TREE = "/usr/local/src/cudnn-linux-x86_64-8.9.7.29_cuda11-archive"
@@ -214,6 +216,6 @@ def test_verify_reads_cudnn_version_h():
 
 
 def test_header_fact_parses_a_real_cudnn_version_h():
-    path = str(Path(__file__).parent / "fixtures/cuda") + "/cudnn_version.h-8.9.1-full-xiaohaoo-yolo-tensorrt.h"
+    path = str(FIXTURES / "cudnn_version.h-8.9.1-full-xiaohaoo-yolo-tensorrt.h")
     assert local_fact(CudnnHeaderVersion, path=path) == "8.9.1"
     assert local_fact(CudnnHeaderVersion, path="/nonexistent/cudnn_version.h") is None
