@@ -13,16 +13,13 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from p40fleet.gpu_catalog import NVIDIA_VENDOR_ID, GpuModel, lookup, parse_pci_id
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """``00000000:00:06.0`` (nvidia-smi) -> ``0000:00:06.0`` (sysfs), lower case."""
-    text = bus_id.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if sep and rest.count(":") == 1 and len(domain) > 4:
-        domain = domain[-4:]
-    return f"{domain}{sep}{rest}"
+from p40fleet.gpu_catalog import (
+    NVIDIA_VENDOR_ID,
+    GpuModel,
+    lookup,
+    normalize_bus_id,
+    parse_pci_id,
+)
 
 
 def _int(text: str | None) -> int | None:

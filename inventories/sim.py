@@ -80,43 +80,25 @@ def _group_stack() -> dict:
     return copy.deepcopy(runpy.run_path(str(all_py)).get("stack") or {})
 
 
-def _stack_host_overrides() -> dict:
-    """``$P40LAB_STACK_HOST``: JSON ``{host or "*": stack_host dict}`` for one run (tests, demos).
-
-    e.g. ``P40LAB_STACK_HOST='{"lab3": {"policy": {"allow_reboot": false}}}'``.
-    """
-    raw = os.environ.get("P40LAB_STACK_HOST", "").strip()
+def _json_env(name: str, example: str) -> dict:
+    """``$NAME``: JSON ``{host or "*": {...}}`` for one run (tests, demos), e.g. ``example``."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return {}
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise SystemExit(f"P40LAB_STACK_HOST is not JSON: {exc}") from None
+        raise SystemExit(f"{name} is not JSON: {exc}") from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise SystemExit('P40LAB_STACK_HOST must be {"HOST" or "*": {stack_host dict}}')
-    return data
-
-
-def _host_data_overrides() -> dict:
-    """``$P40LAB_HOST_DATA``: JSON ``{host or "*": {key: value}}`` of extra host data for one
-    run, e.g. pyinfra's ``_sudo``/``_sudo_password`` (the fault tests check it is never shown).
-    """
-    raw = os.environ.get("P40LAB_HOST_DATA", "").strip()
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise SystemExit(f"P40LAB_HOST_DATA is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise SystemExit('P40LAB_HOST_DATA must be {"HOST" or "*": {key: value}}')
+        raise SystemExit(f'{name} must be {{"HOST" or "*": {{...}}}}, e.g. {example}')
     return data
 
 
 _state = _load_state()
 _stack = _merge(_group_stack(), _state.get("stack") or {})
-_overrides = _stack_host_overrides()
-_host_data = _host_data_overrides()
+# P40LAB_STACK_HOST: per-run stack_host; P40LAB_HOST_DATA: extra host data (_sudo_password...)
+_overrides = _json_env("P40LAB_STACK_HOST", '{"lab3": {"policy": {"allow_reboot": false}}}')
+_host_data = _json_env("P40LAB_HOST_DATA", '{"*": {"_sudo": true}}')
 
 
 def _stack_host(name: str, overrides: dict) -> dict:

@@ -31,7 +31,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from p40fleet.gpu_catalog import NVIDIA_VENDOR_ID, lookup, parse_pci_id
+from p40fleet.gpu_catalog import NVIDIA_VENDOR_ID, lookup, normalize_bus_id, parse_pci_id
 from p40fleet.profile import summarize_host
 from p40fleet.spec import StackSpec
 
@@ -249,15 +249,6 @@ def _is_cuda_build(torch_version: str) -> bool:
     except InvalidVersion:
         return False
     return local.lower().startswith("cu")
-
-
-def normalize_bus_id(bus_id: str) -> str:
-    """``00000000:00:06.0`` (nvidia-smi) -> ``0000:00:06.0`` (sysfs), lower case."""
-    text = bus_id.strip().lower()
-    domain, sep, rest = text.partition(":")
-    if sep and rest.count(":") == 1 and len(domain) > 4:
-        domain = domain[-4:]
-    return f"{domain}{sep}{rest}"
 
 
 def _no_answer(name: str, what: str, remedy: str) -> Check:

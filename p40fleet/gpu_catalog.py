@@ -186,6 +186,15 @@ def _hex(text: str, width: int) -> int | None:
     return int(text, 16)
 
 
+def normalize_bus_id(bus_id: str) -> str:
+    """``00000000:00:06.0`` (nvidia-smi) -> ``0000:00:06.0`` (sysfs), lower case."""
+    text = bus_id.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if sep and rest.count(":") == 1 and len(domain) > 4:
+        domain = domain[-4:]
+    return f"{domain}{sep}{rest}"
+
+
 def lookup(pci_id: str | int) -> GpuModel | None:
     """Return the model for an NVIDIA PCI id, or ``None``.
 
