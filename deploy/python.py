@@ -95,8 +95,8 @@ def verl_ruleset_json(spec: StackSpec, profile: str) -> str:
 
 
 def requirements_variant(spec: StackSpec) -> str:
-    """spec.verl.requirements if the spec has it; else v0.5.0 for a CUDA torch, lab otherwise."""
-    variant = getattr(spec.verl, "requirements", None)
+    """spec.verl.requirements when set; else v0.5.0 for a CUDA torch pin, lab otherwise."""
+    variant = spec.verl.requirements
     if variant:
         return variant
     return "v0.5.0" if apex.cuda_ext_default(spec.torch.version) else "lab"
@@ -173,8 +173,8 @@ def deploy(spec: StackSpec) -> None:
         name=f"torch {spec.torch.version}",
         python=python,
         version=spec.torch.version,
-        torchvision=getattr(spec.torch, "torchvision", None),
-        torchaudio=getattr(spec.torch, "torchaudio", None),
+        torchvision=spec.torch.torchvision,
+        torchaudio=spec.torch.torchaudio,
         index_args=spec.pip_index_args(),
         fresh_env=fresh,
         force="torch" in force,
