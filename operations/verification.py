@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import gevent
 from pyinfra import host, logger, state
 from pyinfra.api.state import BaseStateCallback
 
@@ -123,6 +124,7 @@ class _VerifyAfterLastOperation(BaseStateCallback):
         specs: dict = getattr(state, _SPECS_ATTR)
         entries: dict[str, Any] = {}
         failed = set()
+        probes = {}
         for target in state.inventory:
             spec = specs.get(target.name)
             if spec is None or target not in state.activated_hosts:
@@ -139,7 +141,12 @@ class _VerifyAfterLastOperation(BaseStateCallback):
                     ]  # fmt: skip
                 )
                 continue
-            checks = _probe_now(target, spec)
+            # every host's probe at once, as pyinfra runs operations: the fleet waits for the
+            # slowest host, not for the sum of them
+            probes[target] = state.pool.spawn(_probe_now, target, spec)
+        gevent.joinall(list(probes.values()))
+        for target, probe in probes.items():
+            checks = probe.get()
             logger.info(summary_line(target.name, checks))
             entries[target.name] = report.host_entry(checks)
             if host_verdict(checks) == FAIL:

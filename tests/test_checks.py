@@ -530,3 +530,40 @@ def test_real_probe_sees_a_copied_cudnn_file(tmp_path):
     assert checks["cudnn hard links"].status == FAIL
     assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
     assert checks["apex build key"].status == SKIP  # no expected key given
+
+
+def test_real_probe_imports_torch_once_for_all_python_sections(tmp_path):
+    params = _fake_host(tmp_path)
+    site = next(Path(params["python"]).parents[1].glob("lib/python3*/site-packages"))
+    for module in ("torch", "verl"):
+        init = site / module / "__init__.py"
+        init.write_text(
+            "import os, sys\nprint('pid=%d' % os.getpid(), file=sys.stderr)\n" + init.read_text()
+        )
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    answers = parse_probe(proc.stdout.splitlines())
+    torch_pids = [n for n in answers.section("torch").noise if n.startswith("pid=")]
+    verl_pids = [n for n in answers.section("verl").noise if n.startswith("pid=")]
+    assert len(torch_pids) == 1 and verl_pids == torch_pids, proc.stdout  # one interpreter
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, apex_key=APEX_KEY)}
+    assert checks["torch version"].detail == "2.6.0+cu118 True (6, 1)"
+    assert checks["verl version"].status == PASS
+
+
+def test_real_probe_asks_again_alone_when_an_import_kills_the_interpreter(tmp_path):
+    params = _fake_host(tmp_path)
+    site = next(Path(params["python"]).parents[1].glob("lib/python3*/site-packages"))
+    (site / "verl" / "__init__.py").write_text(
+        "import os, sys\nprint('segfault in verl', file=sys.stderr)\nsys.stderr.flush()\n"
+        "os._exit(139)\n"
+    )
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    answers = parse_probe(proc.stdout.splitlines())
+    assert answers.complete, proc.stdout
+    assert proc.stdout.splitlines().count("@@section verl") == 1, proc.stdout
+    assert answers.section("verl").rc == 139
+    assert "segfault in verl" in answers.section("verl").noise
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, apex_key=APEX_KEY)}
+    assert checks["verl version"].status == FAIL
+    assert checks["torch version"].detail == "2.6.0+cu118 True (6, 1)"  # answered before it died
+    assert checks["apex"].status == PASS
