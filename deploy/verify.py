@@ -19,7 +19,7 @@ from pyinfra import host, state
 
 from facts.gpu import PciGpus
 from facts.verify import VerifyProbe
-from operations import verification
+from operations import ray_cluster, verification
 from operations.preflight import refuse, validated_spec
 from p40fleet import report
 from p40fleet.checks import FAIL, Check, spec_failure
@@ -45,7 +45,7 @@ def _checks_for_this_host() -> list[Check]:
     except SpecError as exc:
         validated_spec()  # queues the refusal (fails the host at execution, changes nothing)
         return spec_failure(line.removeprefix(f"host {exc.host}: ") for line in exc.lines())
-    checks = verify_host(spec)
+    checks = verify_host(spec) + ray_cluster.verify_checks(spec)
     failed = [c for c in checks if c.status == FAIL]
     if failed:
         refuse(

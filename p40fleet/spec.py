@@ -22,6 +22,7 @@ Public API
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 import re
 import types
@@ -59,6 +60,7 @@ __all__ = [
     "Policy",
     "Problem",
     "PythonEnv",
+    "RayCluster",
     "SpecError",
     "StackSpec",
     "TorchPin",
@@ -490,6 +492,57 @@ class Policy(BaseModel):
     allow_maxwell: bool = False
 
 
+def _host_address(value: str) -> str:
+    value = value.strip()
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
+                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*", value):  # fmt: skip
+        raise ValueError("expected an IP address or a DNS host name such as node1.lab")
+    return value
+
+
+def _ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ValueError("expected an IP address of this host, such as 10.0.0.11") from None
+
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
+
+class RayCluster(BaseModel):
+    """The Ray cluster of deploy/ray.py: one head, every other host joins it."""
+
+    model_config = _FROZEN
+
+    # Inventory name of the head host; None: the one host of the inventory group ``ray_head``.
+    head: Annotated[str, AfterValidator(_host_address)] | None = None
+    # What the members dial to reach the head; None: the head's ssh_hostname (else its name).
+    head_address: Annotated[str, AfterValidator(_host_address)] | None = None
+    port: Port = 6379  # the head's GCS port
+    # This host's address for Ray (set per host in stack_host); None: Ray picks it.
+    node_ip: Annotated[str, AfterValidator(_ip)] | None = None
+    dashboard: bool = False
+    dashboard_port: Port = 8265
+    # Nodes verify expects in the cluster; None: every host of the inventory.
+    nodes: int | None = Field(default=None, ge=1)
+    # Ray's --temp-dir (session dirs, logs); Ray's own default.
+    temp_dir: AbsPath = "/tmp/ray"
+
+    @model_validator(mode="after")
+    def _checks(self) -> RayCluster:
+        if self.dashboard and self.dashboard_port == self.port:
+            raise _Problems(
+                [Problem(("dashboard_port",), self.dashboard_port,
+                         f"expected a port other than ray.port {self.port}")]
+            )  # fmt: skip
+        return self
+
+
 class StackSpec(BaseModel):
     model_config = _FROZEN
 
@@ -506,6 +559,7 @@ class StackSpec(BaseModel):
     env: PythonEnv = Field(default_factory=PythonEnv)
     mirror: Mirror | None = None
     policy: Policy = Field(default_factory=Policy)
+    ray: RayCluster = Field(default_factory=RayCluster)
 
     @model_validator(mode="before")
     @classmethod

@@ -73,9 +73,14 @@ class FactKey:
         return f"{self.cls.__name__}({args})"
 
 
+def _frozen(value: Any) -> Any:
+    """Lists (e.g. pyinfra's ``services=[...]``) as tuples, so fact keys stay hashable."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def at(cls: type, **kwargs: Any) -> FactKey:
     """Key for ``facts``: fact ``cls`` asked with exactly these keyword arguments."""
-    return FactKey(cls, tuple(sorted(kwargs.items())))
+    return FactKey(cls, tuple(sorted((k, _frozen(v)) for k, v in kwargs.items())))
 
 
 class MissingFact(KeyError):
@@ -172,7 +177,7 @@ def run_op(
 
     def get_fact(cls: type, *fargs: Any, **fkwargs: Any) -> Any:
         bound = _bound_kwargs(cls, fargs, fkwargs)
-        key = FactKey(cls, tuple(sorted(bound.items())))
+        key = FactKey(cls, tuple(sorted((k, _frozen(v)) for k, v in bound.items())))
         result.facts_asked.append(str(key))
         if key in facts:
             value = facts[key]

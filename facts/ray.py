@@ -1,0 +1,74 @@
+"""Facts of the Ray cluster: is systemd the init system, and how this host's Ray member is.
+
+Both commands exit 0 on any host (nothing installed, no systemd, head down): what is missing
+is in the answer. ``RayStatus`` changes nothing on the host (``ray status`` only asks the GCS).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
+
+__all__ = ["HasSystemd", "RayStatus", "STATUS_TIMEOUT_S"]
+
+#: ``ray status`` waits ~35 s for a GCS that does not answer; the probe waits less.
+STATUS_TIMEOUT_S = 20
+
+
+class HasSystemd(FactBase[bool]):
+    """True when systemd runs the host: ``/run/systemd/system`` exists (sd_booted()'s test)."""
+
+    default = bool
+
+    @override
+    def command(self) -> str:
+        return "if [ -d /run/systemd/system ]; then echo yes; else echo no; fi"
+
+    @override
+    def process(self, output: list[str]) -> bool:
+        return bool(output) and output[0].strip() == "yes"
+
+
+class RayStatus(FactBase[RayProbe]):
+    """The unit's state, this host's raylet node id and ``ray status -v`` against ``address``
+    (asked only where deploy/ray.py installed the unit: elsewhere there is no member to ask for).
+
+    + ray: the env's ``ray`` CLI
+    + address: the head's GCS, ``HOST:PORT``
+    + temp_dir: Ray's temp dir (``session_latest/logs/raylet.out`` names this node's id)
+    """
+
+    default = RayProbe
+
+    @override
+    def command(self, ray: str, address: str, temp_dir: str) -> str:
+        unit, path = shlex.quote(UNIT_NAME), shlex.quote(UNIT_PATH)
+        raylet_log = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs/raylet.out")
+        cli = shlex.quote(ray)
+        return "\n".join(
+            [
+                f"if [ -f {path} ]; then echo unit=yes; else echo unit=no; fi",
+                "if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then",
+                f'  echo "active=$(systemctl is-active {unit} 2>/dev/null)"',
+                f'  echo "enabled=$(systemctl is-enabled {unit} 2>/dev/null)"',
+                "fi",
+                "if [ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]; then echo sim=yes; "
+                "else echo sim=no; fi",
+                "echo \"node_id=$(sed -n 's/.*Setting node ID node_id=\\([0-9a-f]*\\).*/\\1/p' "
+                f'{raylet_log} 2>/dev/null | tail -n 1)"',
+                "echo @@ray-status",
+                f"if [ ! -f {path} ]; then echo 'not a member: no unit'; echo '@@rc=0'",
+                f"elif [ -x {cli} ]; then",
+                f"  timeout {STATUS_TIMEOUT_S} {cli} status --address {shlex.quote(address)} -v "
+                '2>&1; echo "@@rc=$?"',
+                f"else echo 'ray CLI {ray} is missing'; echo '@@rc=127'; fi",
+            ]
+        )
+
+    @override
+    def process(self, output: list[str]) -> RayProbe:
+        return parse_probe(output)

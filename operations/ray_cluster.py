@@ -1,0 +1,61 @@
+"""Who is in the Ray cluster, from the inventory and the spec (no operation here).
+
+The head: ``stack.ray.head``, else the one host of the inventory group ``ray_head``. The
+members dial ``stack.ray.head_address``, else the head's ``ssh_hostname``, else its name.
+verify expects ``stack.ray.nodes`` nodes, else every host of the inventory.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host, inventory
+from pyinfra.api.exceptions import NoGroupError
+
+from facts.gpu import PciGpus
+from facts.ray import RayStatus
+from p40fleet.checks import FAIL, Check
+from p40fleet.ray import HEAD_GROUP, RayError, RayPlan, choose_head, plan_ray, ray_cli
+from p40fleet.ray_checks import ray_checks
+from p40fleet.spec import StackSpec
+
+__all__ = ["configured", "expected_nodes", "head_group", "plan_for_host", "verify_checks"]
+
+
+def head_group() -> list[str]:
+    try:
+        return [member.name for member in inventory.get_group(HEAD_GROUP)]
+    except NoGroupError:
+        return []
+
+
+def configured(spec: StackSpec) -> bool:
+    """True when this inventory has a Ray cluster (a head chosen one way or the other)."""
+    return spec.ray.head is not None or bool(head_group())
+
+
+def plan_for_host(spec: StackSpec) -> RayPlan:
+    """This host's plan; raises :class:`p40fleet.ray.RayError` when no head can be chosen."""
+    head = choose_head(spec, head_group(), (h.name for h in inventory))
+    address = spec.ray.head_address or inventory.get_host(head).data.get("ssh_hostname") or head
+    return plan_ray(spec, host.name, head, address)
+
+
+def expected_nodes(spec: StackSpec) -> int:
+    return spec.ray.nodes or len(list(inventory))
+
+
+def verify_checks(spec: StackSpec) -> list[Check]:
+    """The Ray checks of this host for deploy/verify.py; none when no cluster is configured."""
+    if not configured(spec):
+        return []
+    try:
+        plan = plan_for_host(spec)
+    except RayError as exc:
+        return [Check("ray", FAIL, exc.cause, exc.fix)]
+    probe = host.get_fact(RayStatus, ray=ray_cli(spec), address=plan.address,
+                          temp_dir=spec.ray.temp_dir)  # fmt: skip
+    return ray_checks(
+        probe,
+        address=plan.address,
+        nodes=expected_nodes(spec),
+        pci_gpus=len(list(host.get_fact(PciGpus))),
+    )

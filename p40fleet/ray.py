@@ -1,0 +1,243 @@
+"""The Ray cluster of deploy/ray.py, as data: who is the head, what each host runs, what
+``ray status`` says.
+
+Pure functions, no pyinfra. :func:`plan_ray` turns the spec (``stack.ray``) and the inventory's
+choice of head into a :class:`RayPlan`: the ``ray start ... --block`` command line that the
+systemd unit ``p40fleet-ray.service`` (``files/ray.service.j2``) runs as the training user.
+:func:`parse_probe` reads the answers of the ``facts.ray.RayStatus`` fact (the unit's state and
+``ray status -v``, real Ray 2.48 output: ``tests/fixtures/ray/``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from p40fleet.spec import StackSpec
+
+__all__ = [
+    "HEAD_GROUP",
+    "UNIT_NAME",
+    "UNIT_PATH",
+    "ClusterStatus",
+    "RayError",
+    "RayPlan",
+    "RayProbe",
+    "choose_head",
+    "parse_probe",
+    "parse_status",
+    "plan_ray",
+    "ray_cli",
+    "systemd_quote",
+]
+
+UNIT_NAME = "p40fleet-ray.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+#: Inventory group whose one host is the head when ``stack.ray.head`` is not set.
+HEAD_GROUP = "ray_head"
+
+
+class RayError(ValueError):
+    """This host cannot be planned into the cluster; ``fix`` says what to change."""
+
+    def __init__(self, cause: str, fix: str):
+        super().__init__(cause)
+        self.cause = cause
+        self.fix = fix
+
+
+def ray_cli(spec: StackSpec) -> str:
+    """The env's ``ray`` command (ray is one of verl's pinned dependencies)."""
+    return f"{spec.env.conda_prefix.rstrip('/')}/envs/{spec.env.name}/bin/ray"
+
+
+def choose_head(spec: StackSpec, group: Sequence[str], inventory: Iterable[str]) -> str:
+    """The head's inventory name: ``stack.ray.head``, else the one host of group ray_head."""
+    names = set(inventory)
+    if spec.ray.head is not None:
+        if spec.ray.head not in names:
+            raise RayError(
+                f"stack.ray.head = {spec.ray.head!r} is not a host of this inventory",
+                "set stack.ray.head to an inventory host name",
+            )
+        return spec.ray.head
+    if len(group) != 1:
+        found = f"has {len(group)} hosts ({', '.join(group)})" if group else "is missing"
+        raise RayError(
+            f"no head chosen: inventory group {HEAD_GROUP} {found}",
+            f"put exactly one host in the inventory group {HEAD_GROUP}, or set stack.ray.head",
+        )
+    return group[0]
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """What one host runs: head or worker, and the exact ``ray start`` arguments."""
+
+    host: str
+    head: str
+    role: str  # "head" | "worker"
+    address: str  # head_address:port, the GCS every member talks to
+    user: str
+    home: str
+    argv: tuple[str, ...]
+    env_bin: str
+
+    def exec_start(self) -> str:
+        """``argv`` as a systemd ``ExecStart=`` value."""
+        return " ".join(systemd_quote(arg) for arg in self.argv)
+
+    def template_vars(self) -> dict[str, str]:
+        return {
+            "role": self.role,
+            "head": self.head,
+            "address": self.address,
+            "service_user": self.user,
+            "work_dir": self.home,
+            "exec_start": self.exec_start(),
+            "path": f"{self.env_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        }
+
+
+def plan_ray(spec: StackSpec, host_name: str, head: str, head_address: str) -> RayPlan:
+    """The plan for ``host_name`` in the cluster headed by ``head`` (reached at head_address)."""
+    ray = spec.ray
+    address = f"{head_address}:{ray.port}"
+    argv = [ray_cli(spec), "start"]
+    if host_name == head:
+        argv += ["--head", f"--port={ray.port}"]
+    else:
+        argv.append(f"--address={address}")
+    if ray.node_ip:
+        argv.append(f"--node-ip-address={ray.node_ip}")
+    if host_name == head:
+        argv.append(f"--include-dashboard={'true' if ray.dashboard else 'false'}")
+        if ray.dashboard:
+            argv += ["--dashboard-host=0.0.0.0", f"--dashboard-port={ray.dashboard_port}"]
+        argv.append(f"--temp-dir={ray.temp_dir}")  # workers take the head's (Ray's rule)
+    argv += ["--disable-usage-stats", "--block"]
+    return RayPlan(
+        host=host_name,
+        head=head,
+        role="head" if host_name == head else "worker",
+        address=address,
+        user=spec.user.name,
+        home=spec.user.home,
+        argv=tuple(argv),
+        env_bin=ray_cli(spec).rsplit("/", 1)[0],
+    )
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")
+
+
+def systemd_quote(arg: str) -> str:
+    """One ExecStart word: plain, or double-quoted with systemd's escapes (``%`` and ``$`` too)."""
+    if "\n" in arg or "\x00" in arg:
+        raise ValueError(f"cannot put {arg!r} in a systemd command line")
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if _PLAIN.fullmatch(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ------------------------------------------------------------------------------------------
+# ray status -v (Ray 2.48's autoscaler v2 format; tests/fixtures/ray/)
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """What ``ray status -v`` reports: the active node ids, totals, resources per node."""
+
+    active: tuple[str, ...] = ()
+    pending: int = 0
+    totals: dict[str, float] = field(default_factory=dict)
+    per_node: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+_USAGE = re.compile(r"^\s*[\d.]+[A-Za-z]*/(?P<total>[\d.]+)(?P<unit>[A-Za-z]*)\s+(?P<name>\S+)\s*$")
+_ACTIVE = re.compile(r"^\s*\d+\s+node_(?P<id>[0-9a-f]+)\s*$")
+_NODE = re.compile(r"^Node:\s+(?P<id>[0-9a-f]+)\b")
+
+
+def parse_status(lines: Iterable[str]) -> ClusterStatus | None:
+    """Parse ``ray status [-v]`` output; None when it is not a status report (an error)."""
+    active: list[str] = []
+    pending = 0
+    totals: dict[str, float] = {}
+    per_node: dict[str, dict[str, float]] = {}
+    section = ""
+    node: str | None = None
+    seen = False
+    for raw in lines:
+        line = raw.rstrip()
+        if line.startswith("======== Autoscaler status"):
+            seen = True
+            continue
+        if line.strip() in ("Active:", "Pending:", "Recent failures:", "Total Usage:", "Usage:"):
+            section = line.strip()
+            continue
+        if m := _NODE.match(line):
+            node, section = m["id"], ""
+            per_node[node] = {}
+            continue
+        if section == "Active:" and (m := _ACTIVE.match(line)):
+            active.append(m["id"])
+        elif section == "Pending:" and line.strip() and not line.strip().startswith("("):
+            pending += 1
+        elif section in ("Total Usage:", "Usage:") and (m := _USAGE.match(line)):
+            target = per_node[node] if section == "Usage:" and node else totals
+            target[m["name"]] = float(m["total"])
+        elif not line.strip() or line.startswith("-"):
+            continue
+        elif not line.startswith(" "):
+            section = ""
+    if not seen:
+        return None
+    return ClusterStatus(tuple(active), pending, totals, per_node)
+
+
+@dataclass(frozen=True)
+class RayProbe:
+    """The answers of ``facts.ray.RayStatus`` on one host."""
+
+    unit: bool = False  # the unit file of deploy/ray.py exists
+    active: str = ""  # systemctl is-active
+    enabled: str = ""  # systemctl is-enabled
+    simulated: bool = False
+    node_id: str = ""  # this host's raylet node id ("" when none ran)
+    status: ClusterStatus | None = None
+    status_rc: int | None = None
+    status_tail: tuple[str, ...] = ()  # last lines of ray status when it failed
+
+
+def parse_probe(lines: Iterable[str]) -> RayProbe:
+    """Read the fact's output: ``key=value`` lines, then ``@@ray-status`` ... ``@@rc=N``."""
+    values: dict[str, str] = {}
+    status_lines: list[str] | None = None
+    rc: int | None = None
+    for line in lines:
+        if status_lines is not None:
+            if line.startswith("@@rc="):
+                rc = int(line[5:].strip() or -1)
+                break
+            status_lines.append(line)
+        elif line.strip() == "@@ray-status":
+            status_lines = []
+        elif "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    status = parse_status(status_lines or [])
+    tail = tuple(x for x in (status_lines or []) if x.strip())[-3:] if status is None else ()
+    return RayProbe(
+        unit=values.get("unit") == "yes",
+        active=values.get("active", ""),
+        enabled=values.get("enabled", ""),
+        simulated=values.get("sim") == "yes",
+        node_id=values.get("node_id", ""),
+        status=status,
+        status_rc=rc,
+        status_tail=tail,
+    )

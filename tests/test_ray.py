@@ -1,0 +1,200 @@
+"""The Ray cluster as data: spec, head choice, ray start lines, ray status parsing, checks."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from facts.ray import HasSystemd, RayStatus
+from p40fleet.checks import FAIL, PASS, SKIP
+from p40fleet.ray import (
+    UNIT_PATH,
+    RayError,
+    RayProbe,
+    choose_head,
+    parse_probe,
+    parse_status,
+    plan_ray,
+    systemd_quote,
+)
+from p40fleet.ray_checks import ray_checks
+from p40fleet.spec import SpecError, load_spec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ray"  # real Ray 2.48.0 output
+TWO_NODES = (FIXTURES / "status-v-2.48.0-2nodes-6gpu.txt").read_text().splitlines()
+ONE_DEAD = (FIXTURES / "status-v-2.48.0-1dead.txt").read_text().splitlines()
+NO_GCS = (FIXTURES / "status-2.48.0-no-gcs.txt").read_text().splitlines()
+HEAD_ID = "dba85ff5b25350855d5f6c65dd47e864c36c57a7c9f1a0fca94170f0"
+WORKER_ID = "0302df07d04c8401454fe5894d0b83568c85181c553fdae5f5644349"
+RAY = "/home/verl/miniconda3/envs/verl-p40/bin/ray"
+
+
+# -- spec -----------------------------------------------------------------------------------
+
+
+def test_spec_defaults_and_errors_name_host_and_field():
+    ray = load_spec("lab1", {}).ray
+    assert (ray.head, ray.port, ray.dashboard, ray.temp_dir) == (None, 6379, False, "/tmp/ray")
+    with pytest.raises(SpecError) as exc:
+        load_spec("lab2", {"ray": {"port": 80}}, {"ray": {"node_ip": "lab2"}})
+    text = str(exc.value)
+    assert "host lab2: stack.ray.port = 80: expected a number at least 1024" in text
+    assert "stack.ray.node_ip = 'lab2': expected an IP address" in text
+    assert "value set in stack_host" in text
+    with pytest.raises(SpecError, match="unknown key 'surprise'"):
+        load_spec("lab1", {"ray": {"surprise": 1}})
+    with pytest.raises(SpecError, match="dashboard_port = 6379: expected a port other"):
+        load_spec("lab1", {"ray": {"dashboard": True, "dashboard_port": 6379}})
+
+
+# -- head and plans -------------------------------------------------------------------------
+
+
+def test_head_from_spec_or_the_ray_head_group():
+    spec = load_spec("lab1", {})
+    assert choose_head(spec, ["lab1"], ["lab1", "lab2"]) == "lab1"
+    named = load_spec("lab1", {"ray": {"head": "lab2"}})
+    assert choose_head(named, ["lab1"], ["lab1", "lab2"]) == "lab2"
+    with pytest.raises(RayError, match="group ray_head is missing") as exc:
+        choose_head(spec, [], ["lab1"])
+    assert "stack.ray.head" in exc.value.fix
+    with pytest.raises(RayError, match=r"has 2 hosts \(lab1, lab2\)"):
+        choose_head(spec, ["lab1", "lab2"], ["lab1", "lab2"])
+    with pytest.raises(RayError, match="'lab9' is not a host of this inventory"):
+        choose_head(load_spec("lab1", {"ray": {"head": "lab9"}}), [], ["lab1"])
+
+
+def test_head_and_worker_start_lines():
+    spec = load_spec("lab1", {"ray": {"port": 6380}}, {"ray": {"node_ip": "10.231.0.11"}})
+    head = plan_ray(spec, "lab1", "lab1", "10.231.0.11")
+    assert head.role == "head" and head.address == "10.231.0.11:6380"
+    assert head.exec_start() == (
+        f"{RAY} start --head --port=6380 --node-ip-address=10.231.0.11 "
+        "--include-dashboard=false --temp-dir=/tmp/ray --disable-usage-stats --block"
+    )
+    worker = plan_ray(load_spec("lab2", {}), "lab2", "lab1", "10.231.0.11")
+    assert worker.role == "worker"
+    assert worker.argv == (
+        RAY, "start", "--address=10.231.0.11:6379", "--disable-usage-stats", "--block"
+    )  # fmt: skip
+    dash = plan_ray(load_spec("lab1", {"ray": {"dashboard": True}}), "lab1", "lab1", "h")
+    assert "--include-dashboard=true" in dash.argv and "--dashboard-port=8265" in dash.argv
+
+
+def test_systemd_quoting():
+    assert systemd_quote("--address=10.0.0.1:6379") == "--address=10.0.0.1:6379"
+    assert systemd_quote("/opt/my env/ray") == '"/opt/my env/ray"'
+    assert systemd_quote('a"b\\c') == '"a\\"b\\\\c"'
+    assert systemd_quote("100%") == '"100%%"' and systemd_quote("$HOME") == '"$$HOME"'
+    with pytest.raises(ValueError):
+        systemd_quote("a\nb")
+
+
+# -- ray status -----------------------------------------------------------------------------
+
+
+def test_status_of_two_nodes():
+    status = parse_status(TWO_NODES)
+    assert status is not None and status.active == (HEAD_ID, WORKER_ID)
+    assert status.totals["GPU"] == 6.0 and status.totals["CPU"] == 3.0
+    assert status.per_node[HEAD_ID]["GPU"] == 2.0 and status.per_node[WORKER_ID]["GPU"] == 4.0
+
+
+def test_status_after_a_node_died_and_without_a_gcs():
+    status = parse_status(ONE_DEAD)
+    assert status is not None and status.active == (HEAD_ID,) and status.pending == 0
+    assert parse_status(NO_GCS) is None
+
+
+def probe(status_lines, node_id=HEAD_ID, rc=0, sim=False, active="active", enabled="enabled"):
+    lines = ["unit=yes", f"active={active}", f"enabled={enabled}",
+             f"sim={'yes' if sim else 'no'}", f"node_id={node_id}", "@@ray-status",
+             *status_lines, f"@@rc={rc}"]  # fmt: skip
+    return parse_probe(lines)
+
+
+def test_probe_answers():
+    answers = probe(TWO_NODES)
+    assert answers.unit and answers.active == "active" and answers.node_id == HEAD_ID
+    assert answers.status is not None and answers.status_rc == 0
+    failed = probe(NO_GCS, rc=1)
+    assert failed.status is None and "Timed out" in failed.status_tail[-1]
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def statuses(checks):
+    return {c.name: c.status for c in checks}
+
+
+def test_checks_pass_on_a_full_cluster_and_fail_on_a_missing_node():
+    ok = ray_checks(probe(TWO_NODES), address="h:6379", nodes=2, pci_gpus=2)
+    assert statuses(ok) == {"ray service": PASS, "ray cluster": PASS, "ray GPUs": PASS}
+    assert "2/2 nodes active at h:6379" in ok[1].detail
+    short = ray_checks(probe(ONE_DEAD), address="h:6379", nodes=2, pci_gpus=2)
+    assert short[1].status == FAIL and "1/2 nodes" in short[1].detail and short[1].remedy
+    gone = ray_checks(probe(ONE_DEAD, node_id=WORKER_ID), address="h:6379", nodes=1, pci_gpus=4)
+    assert gone[1].status == FAIL and "is not active" in gone[1].detail
+    assert gone[2].status == SKIP
+
+
+def test_gpu_check_compares_with_pci_and_skips_simulated_hosts():
+    wrong = ray_checks(probe(TWO_NODES, node_id=WORKER_ID), address="h:1", nodes=2, pci_gpus=8)
+    assert wrong[2].status == FAIL and "offers 4 GPUs" in wrong[2].detail
+    sim = ray_checks(probe(TWO_NODES, sim=True), address="h:1", nodes=2, pci_gpus=4)
+    assert sim[2].status == SKIP and "simulated host" in sim[2].detail
+
+
+def test_service_down_and_head_unreachable_fail_with_remedies():
+    checks = ray_checks(probe(NO_GCS, rc=1, active="activating", enabled="disabled"),
+                        address="h:6379", nodes=2, pci_gpus=2)  # fmt: skip
+    assert statuses(checks)["ray service"] == FAIL and "is-active: activating" in checks[0].detail
+    assert checks[1].status == FAIL and "rc=1" in checks[1].detail and "h:6379" in checks[1].remedy
+
+
+def test_not_deployed_is_one_skip():
+    checks = ray_checks(RayProbe(), address="h:6379", nodes=2, pci_gpus=2)
+    assert [(c.name, c.status) for c in checks] == [("ray", SKIP)]
+    assert "deploy/ray.py" in checks[0].detail
+
+
+# -- the facts' shell, run here against a stand-in ray CLI ----------------------------------
+
+
+def test_ray_status_fact_command(tmp_path):
+    temp = tmp_path / "ray"
+    log = temp / "session_latest" / "logs"
+    log.mkdir(parents=True)
+    (log / "raylet.out").write_text((FIXTURES / "raylet.out-2.48.0-head.txt").read_text())
+    cli = tmp_path / "ray-cli"
+    cli.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\ncat {FIXTURES}/"
+                   "status-v-2.48.0-2nodes-6gpu.txt\n")  # fmt: skip
+    cli.chmod(0o755)
+    unit = tmp_path / "unit"
+    unit.touch()
+    fact = RayStatus()
+    command = fact.command(ray=str(cli), address="10.231.0.11:6379", temp_dir=str(temp))
+    command = command.replace(UNIT_PATH, str(unit))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    answers = fact.process(out.stdout.splitlines())
+    assert (tmp_path / "args").read_text().split() == ["status", "--address",
+                                                       "10.231.0.11:6379", "-v"]  # fmt: skip
+    assert answers.node_id == HEAD_ID and answers.status_rc == 0
+    assert answers.status is not None and len(answers.status.active) == 2
+    missing = fact.command(ray=str(tmp_path / "none"), address="h:1", temp_dir=str(temp))
+    out = subprocess.run(["sh", "-c", missing.replace(UNIT_PATH, str(unit))],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert fact.process(out.stdout.splitlines()).status_rc == 127
+    unit.unlink()
+    (tmp_path / "args").unlink()
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert not (answers := fact.process(out.stdout.splitlines())).unit
+    assert answers.status is None and not (tmp_path / "args").exists()  # ray never asked
+
+
+def test_has_systemd_fact():
+    assert HasSystemd().process(["yes"]) is True
+    assert HasSystemd().process(["no"]) is False
