@@ -2,8 +2,9 @@
 
 Sources in this package (templates: ``@NAME@`` placeholders are filled by :mod:`p40lab.mirror`):
 
-* ``update-initramfs``, ``dkms`` — system tools of a real Ubuntu 20.04, installed into the base
-  rootfs by :func:`install_system_doubles`;
+* ``update-initramfs``, ``dkms``, ``systemctl`` — system tools of a real Ubuntu 20.04, installed
+  into each host's disk by :func:`install_system_doubles` (``systemctl`` with the boot hook
+  :data:`SYSTEMD_BOOT_HOOK` that plays systemd at every boot: see the double's docstring);
 * ``makeself-header.sh`` — the self-extracting header of every ``.run`` double;
 * ``nvidia-installer.sh``, ``nvidia-smi.py`` — the driver runfile payload;
 * ``cuda-installer.sh``, ``nvcc.sh`` — the CUDA runfile payload;
@@ -18,7 +19,17 @@ import shutil
 from pathlib import Path
 
 DOUBLES_DIR = Path(__file__).resolve().parent
-SYSTEM_DOUBLES = {"update-initramfs": "usr/sbin/update-initramfs", "dkms": "usr/sbin/dkms"}
+SYSTEM_DOUBLES = {
+    "update-initramfs": "usr/sbin/update-initramfs",
+    "dkms": "usr/sbin/dkms",
+    "systemctl": "usr/bin/systemctl",
+}
+SYSTEMD_BOOT_HOOK = "etc/p40lab-sim/boot.d/50-systemd"
+SYSTEMD_BOOT_SCRIPT = """\
+#!/bin/sh
+# p40lab: systemd's part at boot (/run/systemd/system, enabled units started): the systemctl double
+exec /usr/bin/systemctl --p40lab-boot
+"""
 DEFAULT_MIRROR_BASE = "http://10.231.0.1:8111"
 
 
@@ -49,7 +60,8 @@ def install_system_doubles(
     """Install the system-tool doubles of a real Ubuntu 20.04 into ``rootfs``.
 
     ``update-initramfs`` (``-u`` touches /var/lib/p40lab-sim/initramfs-updated), ``dkms``
-    (``dkms status`` lists /var/lib/dkms), ``/lib/modules/<kernel_release>/`` (empty, as on a
+    (``dkms status`` lists /var/lib/dkms), ``systemctl`` + its boot hook (service units,
+    enabled ones started at boot), ``/lib/modules/<kernel_release>/`` (empty, as on a
     machine whose kernel is installed) and ``/etc/apt/sources.list`` pointing only at the lab
     mirror's apt repo (Debian's own sources are removed: hosts have no route out).
     Returns the paths written.
@@ -64,6 +76,12 @@ def install_system_doubles(
         written.append(dst)
     for d in ("var/lib/p40lab-sim", "var/lib/dkms", "etc/modprobe.d", "boot"):
         (rootfs / d).mkdir(parents=True, exist_ok=True)
+    hook = rootfs / SYSTEMD_BOOT_HOOK
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(SYSTEMD_BOOT_SCRIPT)
+    hook.chmod(0o755)
+    written.append(hook)
+    (rootfs / "etc/systemd/system").mkdir(parents=True, exist_ok=True)
     # merged-/usr bases: /lib -> usr/lib; create through the symlink like the kernel package would
     moddir = rootfs / "lib/modules" / kernel_release
     moddir.mkdir(parents=True, exist_ok=True)
