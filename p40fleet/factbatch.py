@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gevent.event
 from pyinfra import logger
 from pyinfra.api.arguments import pop_global_arguments
 from pyinfra.api.command import PyinfraCommand, StringCommand
@@ -95,6 +96,9 @@ class _Book:
     asked: dict[str, Request] = field(default_factory=dict)
     planned: int = 0
     gathered: bool = False
+    # set once the plan's batch has answered: a host's facts are asked from several greenlets
+    # (another host's deploy may ask this host's facts), and none should race the batch
+    ready: gevent.event.Event = field(default_factory=gevent.event.Event)
 
 
 def enabled() -> bool:
@@ -339,10 +343,15 @@ def cached_fact(original, host: Host, cls, args: tuple, kwargs: dict) -> Any:
     book = _book(host)
     if not book.gathered:
         book.gathered = True
-        plan = load_plan(host)
-        book.planned = len(plan)
-        if plan:
-            gather(host, plan)
+        try:
+            plan = load_plan(host)
+            book.planned = len(plan)
+            if plan:
+                gather(host, plan)
+        finally:
+            book.ready.set()
+    else:
+        book.ready.wait()
     book.asked.setdefault(request.key, request)
     if request.key not in book.memo:
         data = original(host, fact_cls, *args, **kwargs)

@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import gevent
 import pytest
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import StringCommand
@@ -70,6 +71,7 @@ def local(tmp_path, monkeypatch):
 
         def counting(command, **kwargs):
             sent.append(str(command))
+            gevent.sleep(0.05)  # as a remote command does: other greenlets run meanwhile
             return real(command, **kwargs)
 
         host.run_shell_command = counting
@@ -172,3 +174,17 @@ def test_a_broken_plan_is_ignored(local, tmp_path):
 def test_plans_live_under_the_controller_cache(local, tmp_path):
     _, host, _ = local()
     assert Path(factbatch.plan_path(host)).is_relative_to(tmp_path / "cache" / "fact-plans")
+
+
+def test_facts_asked_from_other_greenlets_wait_for_the_batch(local, tmp_path):
+    _, host, _ = local()
+    host.get_fact(Counted, path=str(tmp_path / "a"))
+    host.get_fact(Counted, path=str(tmp_path / "b"))
+    factbatch.save_plans()
+    factbatch._BOOKS.clear()
+
+    _, host, sent = local()
+    asks = [gevent.spawn(host.get_fact, Counted, path=str(tmp_path / n)) for n in "ab"]
+    gevent.joinall(asks, raise_error=True)
+    assert [g.value for g in asks] == [2, 2]
+    assert len(sent) == 1  # the second greenlet waited for the batch instead of asking alone
