@@ -39,7 +39,7 @@ class RayStatus(FactBase[RayProbe]):
 
     + ray: the env's ``ray`` CLI
     + address: the head's GCS, ``HOST:PORT``
-    + temp_dir: Ray's temp dir (``session_latest/logs/raylet.out`` names this node's id)
+    + temp_dir: Ray's temp dir (the newest ``session_latest/logs/raylet*.out`` names this node)
     """
 
     default = RayProbe
@@ -47,7 +47,7 @@ class RayStatus(FactBase[RayProbe]):
     @override
     def command(self, ray: str, address: str, temp_dir: str) -> str:
         unit, path = shlex.quote(UNIT_NAME), shlex.quote(UNIT_PATH)
-        raylet_log = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs/raylet.out")
+        logs = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs")
         cli = shlex.quote(ray)
         return "\n".join(
             [
@@ -58,8 +58,11 @@ class RayStatus(FactBase[RayProbe]):
                 "fi",
                 "if [ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]; then echo sim=yes; "
                 "else echo sim=no; fi",
-                "echo \"node_id=$(sed -n 's/.*Setting node ID node_id=\\([0-9a-f]*\\).*/\\1/p' "
-                f'{raylet_log} 2>/dev/null | tail -n 1)"',
+                # a raylet restarted in the same session (a worker that rejoins its head)
+                # writes raylet.1.out, raylet.2.out, ...: the newest log names this node
+                f"log=$(ls -t {logs}/raylet*.out 2>/dev/null | head -n 1)",
+                'echo "node_id=$([ -n "$log" ] && sed -n '
+                '\'s/.*Setting node ID node_id=\\([0-9a-f]*\\).*/\\1/p\' "$log" | tail -n 1)"',
                 "echo @@ray-status",
                 f"if [ ! -f {path} ]; then echo 'not a member: no unit'; echo '@@rc=0'",
                 f"elif [ -x {cli} ]; then",

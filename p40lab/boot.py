@@ -18,6 +18,7 @@ host's PID 1 with :data:`INIT_SCRIPT`. Paths, as seen inside the host (the doubl
   (``/sys/bus/pci/drivers/{nouveau,nvidia}/<bdf>``), none when neither is loaded.
 * ``/proc/modules`` is a bind-mounted fake listing the loaded modules (so ``lsmod`` agrees),
   when the controller's kernel has a /proc/modules at all (a kernel without modules has none).
+* ``/tmp`` is emptied, as Ubuntu's systemd-tmpfiles does at every boot.
 * ``/run/p40lab-sim/boot`` holds the boot number (1 = first boot after ``up``/``reinstall``).
 * Then every executable ``/etc/p40lab-sim/boot.d/*`` runs (sorted, chrooted, env
   ``P40LAB_HOST``, ``P40LAB_BOOT``), output to the host console log
@@ -134,6 +135,8 @@ if [ -f "$R/proc/modules" ]; then mount --bind "$MODULES" "$R/proc/modules"; fi
 mount -t tmpfs -o mode=755,size=64m,nosuid,nodev p40lab-run "$R/run"
 mkdir -m 755 "$R/run/sshd" "$R/run/p40lab-sim" "$R/run/lock"
 echo "$BOOTNO" > "$R/run/p40lab-sim/boot"
+# Ubuntu empties /tmp at every boot (systemd-tmpfiles: "D /tmp 1777 root root -")
+find "$R/tmp" -mindepth 1 -xdev -delete 2>/dev/null || true
 if [ -n "$NVVER" ]; then echo "$NVVER" > "$R/run/p40lab-sim/nvidia-loaded"; fi
 for f in "$R"/etc/p40lab-sim/boot.d/*; do
     [ -f "$f" ] && [ -x "$f" ] || continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -193,6 +194,23 @@ def test_ray_status_fact_command(tmp_path):
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     assert not (answers := fact.process(out.stdout.splitlines())).unit
     assert answers.status is None and not (tmp_path / "args").exists()  # ray never asked
+
+
+def test_ray_status_names_the_node_of_the_newest_raylet_log(tmp_path):
+    """A worker that rejoins its head (reboot, crash) logs to raylet.1.out in the same session."""
+    log = tmp_path / "ray" / "session_latest" / "logs"
+    log.mkdir(parents=True)
+    (log / "raylet.out").write_text((FIXTURES / "raylet.out-2.48.0-head.txt").read_text())
+    rejoined = "f" * 56
+    (log / "raylet.1.out").write_text(
+        "[2026-11-30 11:50:02,001 I 23 23] (raylet) main.cc:501: Setting node ID "
+        f"node_id={rejoined}\n"
+    )
+    os.utime(log / "raylet.out", (1, 1))
+    fact = RayStatus()
+    command = fact.command(ray="/nowhere/ray", address="h:6379", temp_dir=str(tmp_path / "ray"))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert fact.process(out.stdout.splitlines()).node_id == rejoined
 
 
 def test_has_systemd_fact():

@@ -246,8 +246,8 @@ def test_fresh_host_has_nouveau_headers_and_fake_focal(lab):
 def test_reboot_gives_fresh_uptime_and_keeps_files(lab):
     lab.ssh(
         "lab1",
-        "echo kept > /root/marker; echo gone > /run/volatile; "
-        "mkdir -p /home/x && echo h > /home/x/f",
+        "echo kept > /root/marker; echo gone > /run/volatile; mkdir -p /tmp/d; "
+        "echo gone > /tmp/d/f; mkdir -p /home/x && echo h > /home/x/f",
         check=True,
     )
     before = wait_uptime_over(lab, "lab1", 2.5)
@@ -259,10 +259,12 @@ def test_reboot_gives_fresh_uptime_and_keeps_files(lab):
     out = lab.ssh(
         "lab1",
         "cat /root/marker /home/x/f; test -e /run/volatile || echo fresh-run; "
+        "test -e /tmp/d || echo empty-tmp; stat -c %a /tmp; "
         "cat /run/p40lab-sim/boot; ps -o pid= -p 1",
         check=True,
     ).stdout.split()
-    assert out == ["kept", "h", "fresh-run", str(boot_before + 1), "1"], out
+    expected = ["kept", "h", "fresh-run", "empty-tmp", "1777", str(boot_before + 1), "1"]
+    assert out == expected, out
     lab.ssh("lab1", "rm -rf /root/marker /home/x", check=True)
 
 

@@ -1,0 +1,140 @@
+"""The Ray cluster on the simulated lab: 3 hosts form one cluster, a re-run changes nothing, a
+rebooted worker rejoins (systemd, here the lab's systemctl double, starts it at boot).
+
+One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inventory's
+``ray_head`` group, lab2 1xP40, lab3 1xP100), converged with ``deploy/full.py``, then
+``deploy/ray.py``. The measured times are printed (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from facts.ray import RayStatus
+from p40fleet.ray import parse_status
+from p40lab import runs
+
+pytestmark = pytest.mark.lab
+
+GPUS = "1xP40,1xP40,1xP100"
+HOSTS = ("lab1", "lab2", "lab3")
+RAY = "/home/verl/miniconda3/envs/verl-p40/bin/ray"
+ADDRESS = "10.231.0.11:6379"
+UNIT = "p40fleet-ray.service"
+ENV: dict[str, str] = {}
+
+
+def active_nodes(lab) -> tuple[str, ...]:
+    """The node ids ``ray status`` on the head lists as active (empty when it does not answer)."""
+    out = lab.ssh("lab1", f"timeout 60 {RAY} status --address {ADDRESS}", timeout=90)
+    status = parse_status(out.stdout.splitlines())
+    return status.active if status else ()
+
+
+def node_id(lab, name: str) -> str:
+    """This host's raylet node id, read as the verify check reads it (facts/ray.py)."""
+    fact = RayStatus()
+    out = lab.ssh(name, fact.command(ray=RAY, address=ADDRESS, temp_dir="/tmp/ray"), timeout=90)
+    return fact.process(out.stdout.splitlines()).node_id
+
+
+def wait_for(predicate, timeout: float, step: float = 2.0) -> float | None:
+    """Seconds until ``predicate()`` holds, None when it did not within ``timeout``."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(step)
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster(lab, tmp_path_factory):
+    ENV["P40FLEET_CACHE"] = str(tmp_path_factory.mktemp("controller-cache"))
+    lab.down()
+    lab.up(gpus=GPUS)
+    full = runs.run("deploy/full.py", env=ENV)
+    for name in HOSTS:
+        assert not full.errors[name], f"{name} did not converge:\n{full.output[-4000:]}"
+    t0 = time.monotonic()
+    first = runs.run("deploy/ray.py", env=ENV)
+    formed = wait_for(lambda: len(active_nodes(lab)) == 3, timeout=300)
+    seconds = time.monotonic() - t0
+    print(f"\nray: deploy/ray.py {first.seconds:.1f} s, 3 nodes active {seconds:.1f} s after "
+          f"it started ({formed and round(formed, 1)} s after it ended)")  # fmt: skip
+    yield {"lab": lab, "first": first, "formed": formed}
+    lab.down()
+    lab.up()  # the session's other modules expect a fresh default lab
+
+
+def test_three_hosts_form_one_cluster(cluster):
+    lab, first = cluster["lab"], cluster["first"]
+    assert first.returncode == 0, first.output[-4000:]
+    for name in HOSTS:
+        assert name in first.connected and not first.errors[name], first.output[-4000:]
+        assert first.changed_operations(name), f"{name}: nothing changed on a first run"
+        active = lab.ssh(name, f"systemctl is-active {UNIT}; systemctl is-enabled {UNIT}")
+        assert active.stdout.split() == ["active", "enabled"], active.stderr
+    assert cluster["formed"] is not None, "the cluster never had 3 active nodes"
+    ids = active_nodes(lab)
+    assert sorted(ids) == sorted(node_id(lab, name) for name in HOSTS)
+    assert "--head" in (lab.root("lab1") / f"etc/systemd/system/{UNIT}").read_text()
+    worker = (lab.root("lab2") / f"etc/systemd/system/{UNIT}").read_text()
+    assert f"--address={ADDRESS}" in worker and "User=verl" in worker
+
+
+def test_verify_sees_the_cluster_and_skips_gpus_on_simulated_hosts(cluster, tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "p40fleet.verify", runs.SIM_INVENTORY, "--json", str(report)],
+        cwd=runs.REPO, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV},
+    )  # fmt: skip
+    data = json.loads(report.read_text())
+    for name in HOSTS:
+        checks = {c["name"]: c for c in data["hosts"][name]["checks"]}
+        assert checks["ray service"]["status"] == "PASS", checks["ray service"]
+        assert checks["ray cluster"]["status"] == "PASS", checks["ray cluster"]
+        assert "3/3 nodes active" in checks["ray cluster"]["detail"]
+        assert checks["ray GPUs"]["status"] == "SKIP"
+        assert "simulated host" in checks["ray GPUs"]["detail"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_rerun_changes_nothing(cluster):
+    lab = cluster["lab"]
+    before = {name: node_id(lab, name) for name in HOSTS}
+    again = runs.run("deploy/ray.py", env=ENV)
+    print(f"\nray: re-run {again.seconds:.1f} s, {again.summary()}")
+    assert again.returncode == 0, again.output[-4000:]
+    for name in HOSTS:
+        assert again.changed_operations(name) == [], again.output[-4000:]
+        assert not again.errors[name]
+    assert {name: node_id(lab, name) for name in HOSTS} == before  # no member restarted
+    assert sorted(active_nodes(lab)) == sorted(before.values())
+
+
+def test_rebooted_worker_rejoins(cluster):
+    lab = cluster["lab"]
+    old = node_id(lab, "lab3")
+    t0 = time.monotonic()
+    lab.reboot("lab3")
+    booted = time.monotonic() - t0
+
+    def rejoined() -> bool:
+        new = node_id(lab, "lab3")
+        active = active_nodes(lab)
+        return bool(new) and new != old and new in active and len(active) == 3
+
+    rejoin = wait_for(rejoined, timeout=300)
+    print(f"\nray: lab3 rebooted in {booted:.1f} s, back in the cluster "
+          f"{rejoin and round(rejoin + booted, 1)} s after the reboot began")  # fmt: skip
+    assert rejoin is not None, f"lab3 did not rejoin: active {active_nodes(lab)}, old {old}"
+    assert old not in active_nodes(lab)
+    state = lab.ssh("lab3", f"systemctl is-active {UNIT}")
+    assert state.stdout.strip() == "active"
