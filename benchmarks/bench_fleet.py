@@ -1,7 +1,11 @@
 """No-op provisioning on the simulated lab: wall time at 1, 4 and 8 hosts, remote commands per
 host, bytes downloaded and bytes hashed on a re-run. Prints numbers; asserts nothing.
 
-    python benchmarks/bench_fleet.py [--sizes 1,4,8] [--repeat 3]
+    python benchmarks/bench_fleet.py [--sizes 1,4,8] [--repeat 3] [--unbatched]
+
+``--unbatched`` also times the no-op runs with ``P40FLEET_FACT_BATCH=0`` (every fact asked with
+its own command, as pyinfra does), for comparison. CPU seconds are the whole machine's (the lab's
+hosts and the controller share its cores) and the controller's (the pyinfra process) alone.
 
 For each size: a fresh lab of N x (4xP40) hosts, one converging run of deploy/full.py (the
 controller's Apex wheel cache is kept between sizes, as in a real fleet), then ``--repeat``
@@ -14,7 +18,9 @@ down.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,21 +50,44 @@ def commands_per_host(output: str) -> tuple[Counter, int]:
     return counts, hashing
 
 
-def measure(size: int, repeat: int) -> dict:
+def machine_cpu_seconds() -> float:
+    """CPU seconds used by the whole machine since boot (user + nice + system, /proc/stat)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    return (int(fields[0]) + int(fields[1]) + int(fields[2])) / os.sysconf("SC_CLK_TCK")
+
+
+def controller_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def noop_runs(size: int, repeat: int, env: dict | None = None) -> tuple[list, list, list, int]:
+    """Wall seconds, machine CPU seconds and controller CPU seconds of ``repeat`` no-op runs."""
+    times, machine, controller, served = [], [], [], 0
+    for _ in range(repeat):
+        m0, c0 = machine_cpu_seconds(), controller_cpu_seconds()
+        again = runs.run("deploy/full.py", env=env)
+        machine.append(machine_cpu_seconds() - m0)
+        controller.append(controller_cpu_seconds() - c0)
+        changed = {h: again.changed[h] for h in again.connected if again.changed[h]}
+        if changed or any(again.errors.values()) or len(again.connected) != size:
+            raise SystemExit(f"{size} hosts: the re-run was not a no-op: {changed}\n"
+                             f"{again.output[-3000:]}")  # fmt: skip
+        times.append(again.seconds)
+        served += again.bytes_served or 0
+    return times, machine, controller, served
+
+
+def measure(size: int, repeat: int, unbatched: bool = False) -> dict:
     lab("down")
     lab("up", "--gpus", ",".join(["4xP40"] * size))
     first = runs.run("deploy/full.py")
     failed = [h for h in first.connected if first.errors[h]]
     if failed:
         raise SystemExit(f"{size} hosts: the converging run failed on {failed}")
-    times, served = [], 0
-    for _ in range(repeat):
-        again = runs.run("deploy/full.py")
-        changed = {h: again.changed[h] for h in again.connected if again.changed[h]}
-        if changed or any(again.errors.values()):
-            raise SystemExit(f"{size} hosts: the re-run was not a no-op: {changed}")
-        times.append(again.seconds)
-        served += again.bytes_served or 0
+    runs.run("deploy/full.py")  # the first no-op run records each host's fact plan
+    times, machine, controller, served = noop_runs(size, repeat)
+    unbatched_times = noop_runs(size, repeat, {"P40FLEET_FACT_BATCH": "0"})[0] if unbatched else []
     debug = runs.run("deploy/full.py", "--debug")
     counts, hashing = commands_per_host(debug.output)
     return {
@@ -66,6 +95,9 @@ def measure(size: int, repeat: int) -> dict:
         "first": first.seconds,
         "noop_median": statistics.median(times),
         "noop_all": times,
+        "machine_cpu": statistics.median(machine),
+        "controller_cpu": statistics.median(controller),
+        "unbatched": unbatched_times,
         "commands_per_host": max(counts.values()) if counts else 0,
         "bytes": served + (debug.bytes_served or 0),
         "hash_commands": hashing,
@@ -76,17 +108,24 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,4,8")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--unbatched", action="store_true")
     args = ap.parse_args()
     results = []
     try:
         for size in (int(s) for s in args.sizes.split(",")):
-            r = measure(size, args.repeat)
+            r = measure(size, args.repeat, args.unbatched)
             results.append(r)
+            unbatched = (
+                f"unbatched median {statistics.median(r['unbatched']):.1f} s; "
+                if r["unbatched"]
+                else ""
+            )
             print(
                 f"{r['hosts']} host(s): converge {r['first']:.1f} s; no-op median "
                 f"{r['noop_median']:.1f} s ({', '.join(f'{t:.1f}' for t in r['noop_all'])}); "
-                f"remote commands per host {r['commands_per_host']}; re-run bytes downloaded "
-                f"{r['bytes']}; hashing commands on re-run {r['hash_commands']}",
+                f"CPU s machine {r['machine_cpu']:.1f}, controller {r['controller_cpu']:.1f}; "
+                f"{unbatched}remote commands per host {r['commands_per_host']}; re-run bytes "
+                f"downloaded {r['bytes']}; hashing commands on re-run {r['hash_commands']}",
                 flush=True,
             )
     finally:
