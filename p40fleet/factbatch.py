@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gevent
 import gevent.event
 from pyinfra import logger
 from pyinfra.api.arguments import pop_global_arguments
@@ -96,6 +97,7 @@ class _Book:
     asked: dict[str, Request] = field(default_factory=dict)
     planned: int = 0
     gathered: bool = False
+    gatherer: Any = None  # the greenlet running the batch (a fact's command() may ask facts)
     # set once the plan's batch has answered: a host's facts are asked from several greenlets
     # (another host's deploy may ask this host's facts), and none should race the batch
     ready: gevent.event.Event = field(default_factory=gevent.event.Event)
@@ -343,6 +345,7 @@ def cached_fact(original, host: Host, cls, args: tuple, kwargs: dict) -> Any:
     book = _book(host)
     if not book.gathered:
         book.gathered = True
+        book.gatherer = gevent.getcurrent()
         try:
             plan = load_plan(host)
             book.planned = len(plan)
@@ -350,7 +353,7 @@ def cached_fact(original, host: Host, cls, args: tuple, kwargs: dict) -> Any:
                 gather(host, plan)
         finally:
             book.ready.set()
-    else:
+    elif book.gatherer is not gevent.getcurrent():
         book.ready.wait()
     book.asked.setdefault(request.key, request)
     if request.key not in book.memo:

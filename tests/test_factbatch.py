@@ -8,11 +8,13 @@ from pathlib import Path
 
 import gevent
 import pytest
+from pyinfra import host
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.command import StringCommand
 from pyinfra.api.connect import connect_all
 from pyinfra.api.facts import _MISSING_COMMAND_MARKER, FactBase
 from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host
 
 from p40fleet import factbatch
 
@@ -27,6 +29,17 @@ class Counted(FactBase):
 
     def process(self, output):
         return int(output[0])
+
+
+class AsksAnother(FactBase):
+    """Like pyinfra's server.Uptime: its command() asks the host another fact."""
+
+    def command(self, path: str) -> str:
+        self.seen = host.get_fact(Counted, path=path)
+        return f"echo {self.seen}"
+
+    def process(self, output):
+        return (self.seen, int(output[0]))
 
 
 class NoNewline(FactBase):
@@ -188,3 +201,17 @@ def test_facts_asked_from_other_greenlets_wait_for_the_batch(local, tmp_path):
     gevent.joinall(asks, raise_error=True)
     assert [g.value for g in asks] == [2, 2]
     assert len(sent) == 1  # the second greenlet waited for the batch instead of asking alone
+
+
+def test_a_planned_fact_whose_command_asks_another_fact_does_not_wait_for_itself(local, tmp_path):
+    counter = str(tmp_path / "c")
+    _, first, _ = local()
+    with ctx_host.use(first):
+        assert first.get_fact(AsksAnother, path=counter) == (1, 1)
+    factbatch.save_plans()
+    factbatch._BOOKS.clear()
+
+    _, again, sent = local()
+    with gevent.Timeout(20), ctx_host.use(again):  # a deadlock would hang here, not pass
+        assert again.get_fact(AsksAnother, path=counter)[1] >= 2
+    assert any(factbatch.MARKER in command for command in sent)
