@@ -567,3 +567,24 @@ def test_real_probe_asks_again_alone_when_an_import_kills_the_interpreter(tmp_pa
     assert checks["verl version"].status == FAIL
     assert checks["torch version"].detail == "2.6.0+cu118 True (6, 1)"  # answered before it died
     assert checks["apex"].status == PASS
+
+
+def test_real_probe_does_not_ask_a_hanging_section_twice(tmp_path, monkeypatch):
+    import facts.verify
+
+    monkeypatch.setattr(facts.verify, "PYTHON_TIMEOUT_S", 3)
+    params = _fake_host(tmp_path)
+    site = next(Path(params["python"]).parents[1].glob("lib/python3*/site-packages"))
+    imports = tmp_path / "torch-imports"
+    (site / "torch" / "__init__.py").write_text(  # CUDA init that never returns
+        f"open({str(imports)!r}, 'a').write('x')\nimport time\ntime.sleep(60)\n"
+    )
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    answers = parse_probe(proc.stdout.splitlines())
+    assert answers.complete, proc.stdout
+    assert answers.section("torch").rc == 124
+    # once in the run of all sections, once for apex alone (it imports torch); not again alone
+    assert imports.read_text() == "xx", proc.stdout
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, apex_key=APEX_KEY)}
+    assert "timed out" in checks["torch version"].detail
+    assert checks["verl version"].status == PASS  # asked alone after the interpreter was stopped
