@@ -35,6 +35,7 @@ from pyinfra.operations import files
 from facts.python_env import EnvDistributions, MarkerText
 from operations.torch import pip_command
 from operations.training_user import as_user
+from p40fleet import controller
 from p40fleet.spec import StackSpec
 
 __all__ = [
@@ -138,9 +139,9 @@ def host_work_dir(home: str, key: str) -> str:
 
 
 def controller_wheel(key: str, cache_dir: str | None = None) -> str:
-    """The controller's copy of the wheel tar: ``$P40FLEET_CACHE`` or ``~/.cache/p40fleet``."""
-    base = cache_dir or os.environ.get("P40FLEET_CACHE") or "~/.cache/p40fleet"
-    return os.path.join(os.path.expanduser(base), "apex", key, WHEEL_TAR)
+    """The controller's copy of the wheel tar, under :func:`p40fleet.controller.cache_dir`."""
+    base = os.path.expanduser(cache_dir) if cache_dir else str(controller.cache_dir())
+    return os.path.join(base, "apex", key, WHEEL_TAR)
 
 
 @operation()

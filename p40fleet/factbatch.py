@@ -38,7 +38,7 @@ from typing import Any
 import gevent
 import gevent.event
 from pyinfra import logger
-from pyinfra.api.arguments import pop_global_arguments
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import PyinfraCommand, StringCommand
 from pyinfra.api.facts import (
     _MISSING_COMMAND_MARKER,
@@ -50,8 +50,9 @@ from pyinfra.api.facts import (
 from pyinfra.api.host import Host
 from pyinfra.api.state import StateStage
 
+from p40fleet import controller
+
 ENABLE_ENV = "P40FLEET_FACT_BATCH"
-CACHE_ENV = "P40FLEET_CACHE"
 MARKER = "@@p40fleet-fact"
 
 #: Connector arguments that change what a fact's command prints (they key the memo). The others
@@ -95,9 +96,8 @@ class _Book:
 
     memo: dict[str, Any] = field(default_factory=dict)
     asked: dict[str, Request] = field(default_factory=dict)
-    planned: int = 0
-    gathered: bool = False
-    gatherer: Any = None  # the greenlet running the batch (a fact's command() may ask facts)
+    # the greenlet that ran the plan's batch, None before (a fact's command() may ask facts)
+    gatherer: Any = None
     # set once the plan's batch has answered: a host's facts are asked from several greenlets
     # (another host's deploy may ask this host's facts), and none should race the batch
     ready: gevent.event.Event = field(default_factory=gevent.event.Event)
@@ -108,8 +108,7 @@ def enabled() -> bool:
 
 
 def plans_dir() -> Path:
-    base = os.environ.get(CACHE_ENV) or os.path.join(Path.home(), ".cache", "p40fleet")
-    return Path(base) / "fact-plans"
+    return controller.cache_dir() / "fact-plans"
 
 
 def plan_path(host: Host) -> Path:
@@ -246,10 +245,7 @@ def gather(host: Host, requests: list[Request]) -> int:
         token = secrets.token_hex(6)
         command = batch_command([(c, r) for _, _, c, r in entries], token)
         global_kwargs, _ = pop_global_arguments(host.state, host, dict(connector))
-        executor_kwargs = {k: v for k, v in global_kwargs.items() if k.startswith("_")}
-        executor_kwargs = {
-            k: v for k, v in executor_kwargs.items() if k in _connector_argument_keys()
-        }
+        executor_kwargs = {k: v for k, v in global_kwargs.items() if k in CONNECTOR_ARGUMENT_KEYS}
         try:
             ok, output = host.run_shell_command(
                 command,
@@ -272,13 +268,6 @@ def gather(host: Host, requests: list[Request]) -> int:
                 kept += 1
     logger.debug(f"{host.print_prefix}fact batch: {kept}/{len(requests)} facts in one go")
     return kept
-
-
-@functools.cache
-def _connector_argument_keys() -> frozenset[str]:
-    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
-
-    return frozenset(CONNECTOR_ARGUMENT_KEYS)
 
 
 # --- plans on the controller -------------------------------------------------------------------
@@ -343,13 +332,10 @@ def cached_fact(original, host: Host, cls, args: tuple, kwargs: dict) -> Any:
     if request is None:
         return original(host, cls, *args, **kwargs)
     book = _book(host)
-    if not book.gathered:
-        book.gathered = True
+    if book.gatherer is None:
         book.gatherer = gevent.getcurrent()
         try:
-            plan = load_plan(host)
-            book.planned = len(plan)
-            if plan:
+            if plan := load_plan(host):
                 gather(host, plan)
         finally:
             book.ready.set()

@@ -16,7 +16,7 @@ from pyinfra.api.facts import _MISSING_COMMAND_MARKER, FactBase
 from pyinfra.api.state import StateStage
 from pyinfra.context import ctx_host
 
-from p40fleet import factbatch
+from p40fleet import controller, factbatch
 
 factbatch.install()
 
@@ -69,7 +69,7 @@ class NeedsMissingTool(FactBase):
 @pytest.fixture
 def local(tmp_path, monkeypatch):
     """A connected @local host in the prepare stage, and a log of the commands it was sent."""
-    monkeypatch.setenv(factbatch.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(factbatch.ENABLE_ENV, "1")
 
     def make():
