@@ -11,6 +11,7 @@ import shlex
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from facts.verify import SIMULATED_HOST_TEST
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
 
 __all__ = ["HasSystemd", "RayStatus", "STATUS_TIMEOUT_S"]
@@ -56,8 +57,7 @@ class RayStatus(FactBase[RayProbe]):
                 f'  echo "active=$(systemctl is-active {unit} 2>/dev/null)"',
                 f'  echo "enabled=$(systemctl is-enabled {unit} 2>/dev/null)"',
                 "fi",
-                "if [ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]; then echo sim=yes; "
-                "else echo sim=no; fi",
+                f"if {SIMULATED_HOST_TEST}; then echo sim=yes; else echo sim=no; fi",
                 # a raylet restarted in the same session (a worker that rejoins its head)
                 # writes raylet.1.out, raylet.2.out, ...: the newest log names this node
                 f"log=$(ls -t {logs}/raylet*.out 2>/dev/null | head -n 1)",

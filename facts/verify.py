@@ -33,6 +33,8 @@ SMI_FIELDS = "index,name,pci.bus_id,pci.device_id,compute_cap,driver_version"
 SMI_FIELDS_R470 = "index,name,pci.bus_id,pci.device_id,driver_version"
 #: Limit for each Python snippet (``import verl`` loads torch, ray, transformers).
 PYTHON_TIMEOUT_S = 300
+#: A shell test that holds on a host of the simulated lab (p40lab), whose GPU answers are doubles.
+SIMULATED_HOST_TEST = "[ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]"
 
 
 @lru_cache(maxsize=1)
@@ -66,6 +68,7 @@ def render_probe(
         smi_fields=SMI_FIELDS,
         smi_fields_r470=SMI_FIELDS_R470,
         python_timeout=PYTHON_TIMEOUT_S,
+        simulated_host_test=SIMULATED_HOST_TEST,
         noise_lines=6,
     )
 
