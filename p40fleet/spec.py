@@ -64,6 +64,10 @@ __all__ = [
     "SpecError",
     "StackSpec",
     "TorchPin",
+    "Training",
+    "TrainingArchive",
+    "TrainingData",
+    "TrainingModel",
     "TrainingUser",
     "VerlPin",
     "clear_spec_cache",
@@ -543,6 +547,53 @@ class RayCluster(BaseModel):
         return self
 
 
+class TrainingArchive(BaseModel):
+    """A tar archive of a model or data directory: fetched, sha256-checked, then unpacked.
+
+    From ``mirror.artifacts_url/<filename>`` when the mirror is set, else from ``url``.
+    """
+
+    model_config = _FROZEN
+
+    filename: FileName
+    url: HttpUrl | None = None
+    sha256: Sha256
+    size: int | None = Field(default=None, gt=0)
+
+
+class TrainingModel(BaseModel):
+    """The Hugging Face model directory ``env.model_dir/<name>`` the launch script trains."""
+
+    model_config = _FROZEN
+
+    name: FileName = "Qwen2.5-0.5B-Instruct"
+    # None: the admin puts the model there; deploy/training.py only checks it.
+    archive: TrainingArchive | None = None
+
+
+class TrainingData(BaseModel):
+    """The dataset directory ``env.data_dir/<name>`` with verl's parquet files."""
+
+    model_config = _FROZEN
+
+    name: FileName = "gsm8k"
+    train_file: FileName = "train.parquet"
+    val_file: FileName = "test.parquet"
+    archive: TrainingArchive | None = None
+
+
+class Training(BaseModel):
+    """What ``~/launch-ppo.sh`` trains on, and the sequence lengths the plan is sized for."""
+
+    model_config = _FROZEN
+
+    model: TrainingModel = Field(default_factory=TrainingModel)
+    data: TrainingData = Field(default_factory=TrainingData)
+    # verl's own defaults (data.max_prompt_length, data.max_response_length).
+    max_prompt_length: int = Field(default=512, ge=16, le=32768)
+    max_response_length: int = Field(default=512, ge=16, le=32768)
+
+
 class StackSpec(BaseModel):
     model_config = _FROZEN
 
@@ -560,6 +611,7 @@ class StackSpec(BaseModel):
     mirror: Mirror | None = None
     policy: Policy = Field(default_factory=Policy)
     ray: RayCluster = Field(default_factory=RayCluster)
+    training: Training = Field(default_factory=Training)
 
     @model_validator(mode="before")
     @classmethod
@@ -597,6 +649,7 @@ class StackSpec(BaseModel):
             if field != "name" and not _is_under(value, home, strict=True)
         ]
         problems += self._half_done_overrides()
+        problems += self._training_archives_reachable()
         if problems:
             raise _Problems(problems)
         return self
@@ -640,7 +693,28 @@ class StackSpec(BaseModel):
                 )
         return problems
 
+    def _training_archives_reachable(self) -> list[Problem]:
+        """A training archive needs a URL unless the mirror's artifacts serve it."""
+        if self.mirror is not None and self.mirror.artifacts_url:
+            return []
+        return [
+            Problem(("training", which, "archive", "url"), None,
+                    "expected a URL for the archive (or set mirror.artifacts_url)")
+            for which in ("model", "data")
+            if (archive := getattr(self.training, which).archive) is not None
+            and archive.url is None
+        ]  # fmt: skip
+
     # -- derived helpers ---------------------------------------------------------------------
+
+    def training_archive_url(self, which: str) -> str | None:
+        """Where ``training.<which>.archive`` comes from (``"model"`` or ``"data"``), or None."""
+        archive = getattr(self.training, which).archive
+        if archive is None:
+            return None
+        if self.mirror is not None and self.mirror.artifacts_url:
+            return f"{self.mirror.artifacts_url}/{archive.filename}"
+        return archive.url
 
     @property
     def driver_branch(self) -> str:
