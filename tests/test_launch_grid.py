@@ -123,3 +123,22 @@ def test_checks_catch_one_hosts_sizes_on_three_nodes(compose_overrides):
         "batch size (12)"
     )
     assert any("normalized ppo_mini_batch_size 2 should be divisible by" in f for f in failures)
+
+
+def test_readme_multi_node_command_is_what_runs(compose_overrides):
+    """README's N-box command, word for word: the script's overrides, then its arguments."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Training on the fleet") :]
+    lines = [line for line in section.splitlines() if line.startswith("RAY_ADDRESS=")]
+    assert len(lines) == 1, lines
+    words = lines[0].split()
+    assert words[:2] == ["RAY_ADDRESS=gpu1:6379", "~/launch-ppo.sh"]
+    args = words[2:]
+    shape = cluster_shape({"gpu1": [P40] * 4, "gpu2": [P40] * 4, "gpu3": [P40] * 4})
+    plan = plan_launch(load_spec("lab1", {}), [P40] * 4, cluster=shape)
+    cfg = compose_overrides([*plan.overrides, *args])
+    assert verl_failures(cfg) == []
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (3, 4)
+    assert "train batch 384, mini-batch 96, validation batch 192" in " ".join(section.split())
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.actor.ppo_mini_batch_size) == (384, 96)
+    assert cfg.data.val_batch_size == 192
