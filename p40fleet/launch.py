@@ -93,6 +93,7 @@ not staged yet): the table alone, and the sizing says "model unknown".
 
 Multi-node: every node runs ``n_gpus_per_node`` = the SMALLEST node's GPU count (verl gives each
 node the same count); GPUs above it on bigger nodes stay idle and the sizing says how many.
+A member without a GPU (a CPU-only head) is not a training node: Ray places no worker there.
 """
 
 from __future__ import annotations
@@ -524,24 +525,23 @@ class ClusterShape:
 def cluster_shape(nodes: Mapping[str, Sequence[int | object]]) -> ClusterShape:
     """The shape of a Ray cluster from each member's PCI GPUs (``{host: gpus}``).
 
-    Unequal GPU counts are sized to the smallest node (the others' extra GPUs idle); a node
-    without a GPU is refused, naming it. Memory: the catalog's smallest size over all nodes.
+    Unequal GPU counts are sized to the smallest node (the others' extra GPUs idle). A member
+    without a GPU (a CPU-only head, say) is left out: Ray places no GPU worker there. Memory:
+    the catalog's smallest size over all nodes.
     """
-    if not nodes:
-        raise LaunchError("the Ray cluster has no node")
-    empty = [name for name, gpus in nodes.items() if not list(gpus)]
-    if empty:
+    gpu_nodes = {name: list(gpus) for name, gpus in nodes.items() if list(gpus)}
+    if not gpu_nodes:
         raise LaunchError(
-            f"Ray cluster node(s) {', '.join(sorted(empty))} have no GPU: every node trains "
-            "with trainer.n_gpus_per_node GPUs; take them out of the cluster"
+            f"no GPU in the Ray cluster ({', '.join(sorted(nodes)) or 'no member'}): "
+            "run deploy/facts.py on its hosts"
         )
-    every = tuple(g for gpus in nodes.values() for g in gpus)
+    every = tuple(g for gpus in gpu_nodes.values() for g in gpus)
     try:
         mem: float | None = gpu_memory_gib(every)
     except LaunchError:
         mem = None  # a GPU without a catalog size: each host's nvidia-smi decides
     return ClusterShape(
-        node_gpus=tuple((name, len(list(gpus))) for name, gpus in nodes.items()),
+        node_gpus=tuple((name, len(gpus)) for name, gpus in gpu_nodes.items()),
         gpus=every,
         memory_gib=mem,
     )

@@ -247,8 +247,10 @@ def test_cluster_takes_the_lowest_profile_and_smallest_memory():
 
 
 def test_cluster_refusals_name_the_node_and_the_numbers():
-    with pytest.raises(LaunchError, match="node\\(s\\) b have no GPU"):
-        launch.cluster_shape({"a": [P40], "b": []})
+    # a CPU-only member (a head, say) runs no GPU worker: it is not a training node
+    assert launch.cluster_shape({"head": [], "a": [P40] * 2}).node_gpus == (("a", 2),)
+    with pytest.raises(LaunchError, match="no GPU in the Ray cluster \\(a, b\\)"):
+        launch.cluster_shape({"a": [], "b": []})
     shape = launch.cluster_shape({"a": [P40] * 4, "b": [P40] * 4})
     with pytest.raises(
         LaunchError, match="this host has 2 GPU\\(s\\), the cluster plan gives every node 4"
