@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from p40fleet.launch import cluster_shape, plan_launch
+from p40fleet.launch import plan_launch
 from p40fleet.spec import load_spec
 from tests.verl_checks import GSM8K_TEST_ROWS, verl_failures
 from tests.verl_sdist import extract_verl
@@ -71,8 +71,17 @@ def plan_for(gpu: int, count: int, nnodes: int, model, lengths=(512, 512)):
         "lab1",
         {"training": {"max_prompt_length": lengths[0], "max_response_length": lengths[1]}},
     )
-    cluster = cluster_shape({f"node{i}": [gpu] * count for i in range(nnodes)})
-    return plan_launch(spec, [gpu] * count, cluster=cluster, model_config=model)
+    # keyword arguments only where needed: the one-node, model-unknown cases then run
+    # unchanged against the launch code before the cluster shape and memory existed (and fail
+    # there: the validation batch)
+    kwargs: dict[str, object] = {}
+    if nnodes > 1:
+        from p40fleet.launch import cluster_shape
+
+        kwargs["cluster"] = cluster_shape({f"node{i}": [gpu] * count for i in range(nnodes)})
+    if model is not None:
+        kwargs["model_config"] = model
+    return plan_launch(spec, [gpu] * count, **kwargs)
 
 
 @pytest.mark.parametrize("lengths", LENGTHS, ids=lambda x: f"{x[0]}+{x[1]}")
@@ -83,6 +92,7 @@ def test_every_plan_passes_verls_checks(gpu, count, nnodes, model, lengths, comp
     plan = plan_for(gpu, count, nnodes, model, lengths)
     cfg = compose_overrides(plan.overrides)
     assert cfg.trainer.nnodes == nnodes and cfg.trainer.n_gpus_per_node == count
+    assert verl_failures(cfg) == [], plan.sizing.describe()  # GSM8K's 1,319-row test split
     for rows in (GSM8K_TEST_ROWS, 1, 7, 100, 1000, 4096):
         assert verl_failures(cfg, val_rows=rows) == [], (plan.sizing.describe(), rows)
     assert cfg.data.max_prompt_length == lengths[0]
@@ -90,6 +100,8 @@ def test_every_plan_passes_verls_checks(gpu, count, nnodes, model, lengths, comp
 
 
 def test_unequal_nodes_are_sized_to_the_smallest(compose_overrides):
+    from p40fleet.launch import cluster_shape
+
     shape = cluster_shape({"a": [P40] * 4, "b": [P40] * 8, "c": [P40] * 2})
     plan = plan_launch(load_spec("lab1", {}), [P40] * 8, cluster=shape, model_config=QWEN)
     cfg = compose_overrides(plan.overrides)
@@ -127,6 +139,8 @@ def test_checks_catch_one_hosts_sizes_on_three_nodes(compose_overrides):
 
 def test_readme_multi_node_command_is_what_runs(compose_overrides):
     """README's N-box command, word for word: the script's overrides, then its arguments."""
+    from p40fleet.launch import cluster_shape
+
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme[readme.index("## Training on the fleet") :]
     lines = [line for line in section.splitlines() if line.startswith("RAY_ADDRESS=")]
