@@ -3,7 +3,8 @@
     pyinfra -y inventories/lab.py deploy/training.py
 
 Runs after deploy/python.py (the training user, the conda env and verl exist). Per host:
-validated spec -> GPU facts (PCI ids; nvidia-smi memory when the driver answers) -> launch plan
+validated spec -> GPU facts (PCI ids; nvidia-smi memory when the driver answers; with a Ray head
+in the inventory, every member's PCI GPUs: ``p40fleet.launch.cluster_shape``) -> launch plan
 (``p40fleet.launch``: profile overrides and the sizing rule) -> the script in the training
 user's home. Changes nothing when the script is already right. A host that cannot get a script
 is refused on its own; the others go on.
