@@ -2,7 +2,8 @@
 
     pyinfra INVENTORY deploy/preflight.py   (deploy/full.py runs it first)
 
-Spec errors, unsupported GPUs or OS, too little space, artifacts missing from the mirror:
+Spec errors, unsupported GPUs or OS, a verl ref that cannot serve the host's GPUs, too
+little space, artifacts missing from the mirror:
 a refused host fails here with the step, the cause and the fix; the others go on.
 """
 
@@ -46,6 +47,7 @@ if spec is not None:
 
     refusals = [
         preflight.gpu_refusal(summary),
+        preflight.verl_refusal(spec.verl.ref, summary),
         preflight.os_refusal(os_label(host.get_fact(LinuxDistribution))),
         preflight.space_refusal(
             cache,

@@ -3,7 +3,8 @@
     pyinfra -y inventories/lab.py deploy/training.py
 
 Runs after deploy/python.py (the training user, the conda env and verl exist). Per host:
-validated spec -> GPU facts (PCI ids; nvidia-smi memory when the driver answers) -> launch plan
+validated spec -> GPU facts (PCI ids; nvidia-smi memory when the driver answers; with a Ray head
+in the inventory, every member's PCI GPUs: ``p40fleet.launch.cluster_shape``) -> launch plan
 (``p40fleet.launch``: profile overrides and the sizing rule) -> the script in the training
 user's home. Changes nothing when the script is already right. A host that cannot get a script
 is refused on its own; the others go on.
@@ -11,12 +12,13 @@ is refused on its own; the others go on.
 
 from __future__ import annotations
 
-from pyinfra import host, state
+from pyinfra import host, inventory, state
+from pyinfra.context import ctx_host
 
 from facts.gpu import NvidiaSmi, PciGpus
-from operations import launch, training_user
-from operations.preflight import refuse, validated_spec
-from p40fleet.launch import LaunchError, LaunchPlan, plan_launch
+from operations import launch, ray_cluster, training_user
+from operations.preflight import refuse, refused_hosts, validated_spec
+from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, cluster_shape, plan_launch
 from p40fleet.spec import StackSpec
 
 
@@ -28,11 +30,24 @@ def gpu_memory_mib(gpu_count: int) -> list[int | None]:
     return [gpu.memory_mib for gpu in smi.gpus]
 
 
+def cluster() -> ClusterShape:
+    """The Ray cluster's shape: every inventory host runs deploy/ray.py's member, except the
+    hosts this run refused or could not reach (they run no member)."""
+    refused = refused_hosts()
+    members = [h for h in inventory if h in inventory.get_active_hosts() and h.name not in refused]
+    nodes = {}
+    for member in members:
+        with ctx_host.use(member):
+            nodes[member.name] = list(member.get_fact(PciGpus))
+    return cluster_shape(nodes)
+
+
 def launch_plan(spec: StackSpec) -> LaunchPlan | None:
     """This host's plan, or None after queueing a refusal that says why."""
     gpus = list(host.get_fact(PciGpus))
     try:
-        return plan_launch(spec, gpus, smi_memory_mib=gpu_memory_mib(len(gpus)))
+        shape = cluster() if ray_cluster.configured(spec) else None
+        return plan_launch(spec, gpus, smi_memory_mib=gpu_memory_mib(len(gpus)), cluster=shape)
     except LaunchError as exc:
         refuse(
             name="Refuse: launch script",

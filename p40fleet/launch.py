@@ -15,8 +15,8 @@ Overrides per profile (``p40fleet.profile``: lowest compute capability of the ho
 All profiles: data files, model path (actor and critic), batch sizes (rule below),
 ``actor_rollout_ref.rollout.tensor_model_parallel_size=1`` (verl's YAML says 2; the HF rollout
 needs it to divide the GPU count, which 2 does not on a 1-GPU host, and a model that fits one GPU
-needs no tensor parallelism in vLLM either), ``trainer.n_gpus_per_node`` = the host's GPU count,
-``trainer.nnodes=1``, ``trainer.logger=[console]`` (verl's default adds wandb, which needs an
+needs no tensor parallelism in vLLM either), ``trainer.nnodes`` / ``trainer.n_gpus_per_node``
+from the cluster shape, ``trainer.logger=[console]`` (verl's default adds wandb, which needs an
 account and network access).
 
 ``pascal`` (cc 6.x; also Maxwell when ``policy.allow_maxwell``):
@@ -43,36 +43,57 @@ account and network access).
 ``ampere-plus`` (cc >= 8.0): verl's defaults already are vLLM, bf16 and flash_attention_2; only
   ``rollout.gpu_memory_utilization`` is added.
 
+Per verl ref (``VERL_REFS``)
+----------------------------
+``v0.5.0`` (8fdc4d3f..., and the lab's alias ``v0.5.0-lab1``): every override above, composed
+with that release's own Hydra config in ``tests/test_launch_hydra.py``. ``62549582...`` (the
+blog's pin): no HF rollout there (removed 2025-08-18), so ``pascal`` is refused for it
+(``verl_patches``: vLLM needs cc >= 7.0; a preflight refusal, ``p40fleet.preflight``), and the
+ref's ``model_dtype`` override is not emitted. Any other ref is refused: its keys are unknown.
+
 Sizing rule
 -----------
-``memory`` = the smallest per-GPU memory on the host in GiB: nvidia-smi's ``memory.total`` when
-given, else the catalog's nominal ``memory_gib``. ``effective = memory`` for the fp32 profiles
-(pascal, volta-turing) and ``2 x memory`` for ampere-plus (bf16 halves the bytes per value).
-``n`` = the host's GPU count.
+``memory`` = the smallest per-GPU memory (GiB) of the host (nvidia-smi's ``memory.total`` when
+given, else the catalog's nominal ``memory_gib``) and of the cluster's nodes (catalog);
+``effective = memory`` for the fp32 profiles (pascal, volta-turing) and ``2 x memory`` for
+ampere-plus (bf16 halves the bytes per value). ``W`` = world size = ``trainer.nnodes x
+trainer.n_gpus_per_node`` (:class:`ClusterShape`; one host: 1 x its GPU count).
 
 ================  ======  =======  =======  =======  =====
 effective GiB     < 10    10-18    18-36    36-72    >= 72
 micro (per GPU)   1       2        4        8        16
 ================  ======  =======  =======  =======  =====
 
-(the bounds sit between nominal sizes, so ECC's few percent never move a GPU: P40 24 GiB fp32
--> 4, V100/T4 16 GiB fp32 -> 2, RTX 3090 24 GiB bf16 -> 8, A100 40/80 GiB bf16 -> 16)
-
 * ``actor.ppo_micro_batch_size_per_gpu`` = ``critic.ppo_micro_batch_size_per_gpu`` = micro
 * ``rollout.log_prob_micro_batch_size_per_gpu`` = ``ref.log_prob_micro_batch_size_per_gpu``
   = 2 x micro (forward only: no gradients, no optimizer state)
-* ``actor.ppo_mini_batch_size`` = 2 x micro x n (two gradient-accumulation micro-batches per GPU
-  per update; the critic follows the actor's value)
-* ``data.train_batch_size`` = 4 x ppo_mini_batch_size = 8 x micro x n (four updates per step)
-* HF rollout (pascal): ``+rollout.micro_batch_size`` = 4 x micro (half a GPU's share of the step)
-* vLLM (volta-turing, ampere-plus): ``rollout.gpu_memory_utilization`` = 12 GiB / memory,
-  clamped to [0.30, 0.60] and rounded down to 0.05 (vLLM's weights + KV cache get about 12 GiB;
-  the rest stays for the FSDP actor and critic on the same GPU). The HF rollout does not read it.
+* ``actor.ppo_mini_batch_size`` = 2 x micro x W (two micro-batches per GPU per update; the
+  critic follows the actor's value); ``data.train_batch_size`` = 4 x mini = 8 x micro x W
+* HF rollout (pascal): ``+rollout.micro_batch_size`` = 4 x micro (the generation chunk) and
+  ``data.val_batch_size`` = W x chunk: each GPU generates every validation batch in ONE chunk,
+  the short last one too (it is padded to W and is at most one chunk per GPU), so the HF
+  rollout's equal-chunk assertion holds for any validation set size. vLLM profiles leave it
+  unset (verl sends the whole set, which vLLM schedules itself).
+* vLLM: ``rollout.gpu_memory_utilization`` = 12 GiB / memory, clamped to [0.30, 0.60], down to
+  0.05. ``data.max_prompt_length`` / ``max_response_length`` from ``stack.training``.
 
-This satisfies verl's checks for any n: ``train_batch_size`` divisible by n, mini <= train, the
-per-GPU mini-batch (2 x micro, times ``rollout.n``) divisible by micro. The rule is sized for a
-small model (the default Qwen2.5-0.5B-Instruct, 0.5-1.5B) at verl's 512 + 512 tokens; a bigger
-model or longer sequences want smaller micro-batches: pass them as arguments.
+This passes verl's checks for any W (``tests/test_launch_grid.py`` ports them): train batch
+divisible by W, per-GPU mini-batch 2 x micro a multiple of micro, per-GPU train share 8 x micro
+= 2 generation chunks.
+
+Memory (when the model's config.json is known, ``p40fleet.memory``): the estimated peak per GPU
+must stay within ``FIT_FRACTION`` (0.75) of the GPU memory. If the table's micro does not fit,
+micro is halved down to 1 first (nothing moves to the CPU, no extra host RAM or PCIe traffic;
+the batches shrink with it), then verl's FSDP ``optimizer_offload`` is added for actor and
+critic, then ``param_offload`` too (each again from the table's micro down). The ref's
+``param_offload`` is never set: verl already wraps the ref in FSDP ``CPUOffload``
+(fsdp_workers.py:366-368) and its manual offload would copy it to the GPU and back. Nothing
+fits: :class:`LaunchError` "needs ~X GiB per GPU, has Y". Model unknown (``model_config`` None,
+not staged yet): the table alone, and the sizing says "model unknown".
+
+Multi-node: every node runs ``n_gpus_per_node`` = the SMALLEST node's GPU count (verl gives each
+node the same count); GPUs above it on bigger nodes stay idle and the sizing says how many.
+A member without a GPU (a CPU-only head) is not a training node: Ray places no worker there.
 """
 
 from __future__ import annotations
@@ -81,10 +102,12 @@ import math
 import posixpath
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from p40fleet import memory, verl_patches
 from p40fleet.gpu_catalog import lookup
+from p40fleet.memory import FIT_FRACTION, GIB, ModelShape, ModelShapeError, Workload
 from p40fleet.profile import (
     AMPERE_PLUS_PROFILE,
     PASCAL_PROFILE,
@@ -95,28 +118,25 @@ from p40fleet.profile import (
 from p40fleet.spec import StackSpec
 
 __all__ = [
-    "DEFAULT_MODEL",
-    "DEFAULT_TRAIN_FILE",
-    "DEFAULT_VAL_FILE",
     "ENTRY_POINT",
+    "VERL_REFS",
+    "ClusterShape",
     "LaunchError",
     "LaunchPlan",
     "Sizing",
+    "VerlRefOverrides",
+    "cluster_shape",
     "effective_memory_gib",
     "gpu_memory_gib",
     "micro_batch_per_gpu",
     "plan_launch",
     "profile_overrides",
+    "ref_overrides",
     "size_for",
     "vllm_memory_utilization",
 ]
 
 ENTRY_POINT = "verl.trainer.main_ppo"
-#: Directory name under spec.env.model_dir (a Hugging Face model saved there).
-DEFAULT_MODEL = "Qwen2.5-0.5B-Instruct"
-#: Files under spec.env.data_dir: what verl's examples/data_preprocess/gsm8k.py writes.
-DEFAULT_TRAIN_FILE = "gsm8k/train.parquet"
-DEFAULT_VAL_FILE = "gsm8k/test.parquet"
 
 #: Real variables only: Python's unbuffered output (logs appear as they happen under Ray) and
 #: Hydra's full traceback on a configuration error.
@@ -134,7 +154,6 @@ _VLLM_PROFILES = (VOLTA_TURING_PROFILE, AMPERE_PLUS_PROFILE)
 # Hydra parses these characters in an unquoted value as plain text; anything else is refused
 # rather than quoted (a path that needs quoting is a path to rename).
 _SAFE_PATH = re.compile(r"[A-Za-z0-9._/+-]+")
-_SAFE_RELATIVE = re.compile(r"[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*")
 
 # fp32 everywhere + sdpa: what config reaches on GPUs without bf16 (stack facts §5).
 _FP32_SDPA: tuple[str, ...] = (
@@ -158,9 +177,79 @@ _PROFILE_OVERRIDES: dict[str, tuple[str, ...]] = {
     AMPERE_PLUS_PROFILE: (),
 }
 
+_OFFLOAD_PARAM = (
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "critic.model.fsdp_config.param_offload=True",
+)
+_OFFLOAD_OPTIMIZER = (
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+    "critic.model.fsdp_config.optimizer_offload=True",
+)
+
 
 class LaunchError(ValueError):
     """No launch script for this host: the message says why and what to change."""
+
+
+# ------------------------------------------------------------------------------ verl refs
+
+
+@dataclass(frozen=True)
+class VerlRefOverrides:
+    """Which of this module's overrides a verl ref has; ``absent`` keys are never emitted."""
+
+    ref: str
+    commit: str
+    absent: tuple[str, ...]
+    source: str
+
+
+#: The verl refs the project accepts (aliases: ``verl_patches.REF_ALIASES``). A profile the
+#: ref cannot serve is refused by ``verl_patches.rule_set`` (preflight: ``verl_refusal``).
+VERL_REFS: dict[str, VerlRefOverrides] = {
+    "v0.5.0": VerlRefOverrides(
+        "v0.5.0",
+        verl_patches.V050_COMMIT,
+        absent=(),
+        source="every override composed with the PyPI sdist's Hydra config "
+        "(tests/test_launch_hydra.py)",
+    ),
+    verl_patches.SEED_COMMIT: VerlRefOverrides(
+        verl_patches.SEED_COMMIT,
+        verl_patches.SEED_COMMIT,
+        # The HF rollout was removed on 2025-08-18 (its generation chunk goes with it); the
+        # ref's model_dtype override does not compose there (issue 16). No copy of that tree
+        # is reachable here (PyPI and the lab carry v0.5.0 only), so this row is not composed.
+        absent=(
+            "actor_rollout_ref.rollout.micro_batch_size",
+            "actor_rollout_ref.ref.fsdp_config.model_dtype",
+        ),
+        source="issue 16 and stack facts §2 (not composed: no copy of the tree)",
+    ),
+}
+
+
+def ref_overrides(ref: str, profile: str) -> VerlRefOverrides:
+    """The table row of ``ref`` (tag, commit or alias); refuses an unknown ref or a profile
+    the ref cannot serve (the reason from ``verl_patches``)."""
+    try:
+        verl_patches.rule_set(ref, profile)
+    except verl_patches.VerlPatchError as exc:
+        raise LaunchError(str(exc)) from None
+    base = verl_patches.REF_ALIASES.get(ref, ref)
+    if base not in VERL_REFS:
+        raise LaunchError(
+            f"verl ref {ref!r}: no launch overrides known for it (accepted: "
+            f"{', '.join(sorted(VERL_REFS))} and aliases {', '.join(verl_patches.REF_ALIASES)})"
+        )
+    return VERL_REFS[base]
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+")
+
+
+# ------------------------------------------------------------------------------ sizing
 
 
 def profile_overrides(profile: str) -> list[str]:
@@ -196,23 +285,47 @@ def vllm_memory_utilization(memory_gib: float) -> float:
 
 @dataclass(frozen=True)
 class Sizing:
-    """Batch sizes for one host (see the rule in the module docstring)."""
+    """Batch sizes, lengths and offload for one launch (rule in the module docstring)."""
 
     profile: str
-    gpu_count: int
+    nnodes: int
+    gpus_per_node: int
     memory_gib: float
     micro_batch_per_gpu: int
     log_prob_micro_batch_per_gpu: int
     ppo_mini_batch_size: int
     train_batch_size: int
-    #: HF rollout generation chunk (pascal only)
+    max_prompt_length: int
+    max_response_length: int
+    #: HF rollout generation chunk and validation batch (pascal only)
     hf_generate_micro_batch: int | None
+    val_batch_size: int | None
     #: vLLM's fraction of GPU memory (vLLM profiles only)
     gpu_memory_utilization: float | None
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    #: estimated peak GiB per GPU and its phase; None: model unknown
+    estimate_gib: float | None = None
+    estimate_phase: str = ""
+    idle_gpus: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @property
+    def gpu_count(self) -> int:  # the GPUs this launch uses (all nodes)
+        return self.world_size
 
     def overrides(self) -> list[str]:
         out = [
+            f"data.max_prompt_length={self.max_prompt_length}",
+            f"data.max_response_length={self.max_response_length}",
             f"data.train_batch_size={self.train_batch_size}",
+        ]
+        if self.val_batch_size is not None:
+            out.append(f"data.val_batch_size={self.val_batch_size}")
+        out += [
             f"actor_rollout_ref.actor.ppo_mini_batch_size={self.ppo_mini_batch_size}",
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={self.micro_batch_per_gpu}",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu="
@@ -230,42 +343,127 @@ class Sizing:
                 "actor_rollout_ref.rollout.gpu_memory_utilization="
                 f"{self.gpu_memory_utilization:.2f}"
             )
+        if self.optimizer_offload:
+            out += _OFFLOAD_OPTIMIZER
+        if self.param_offload:
+            out += _OFFLOAD_PARAM
+        out += [
+            f"trainer.nnodes={self.nnodes}",
+            f"trainer.n_gpus_per_node={self.gpus_per_node}",
+        ]
         return out
 
     def describe(self) -> str:
         """One line for the script's header and deploy logs."""
         text = (
-            f"{self.gpu_count} GPU(s) x {self.memory_gib:g} GiB ({self.profile}): micro "
-            f"{self.micro_batch_per_gpu}/GPU, log-prob micro {self.log_prob_micro_batch_per_gpu}"
-            f"/GPU, mini-batch {self.ppo_mini_batch_size}, train batch {self.train_batch_size}"
+            f"{self.nnodes} node(s) x {self.gpus_per_node} GPU(s) x {self.memory_gib:g} GiB "
+            f"({self.profile}): micro {self.micro_batch_per_gpu}/GPU, log-prob micro "
+            f"{self.log_prob_micro_batch_per_gpu}/GPU, mini-batch {self.ppo_mini_batch_size}, "
+            f"train batch {self.train_batch_size}, lengths {self.max_prompt_length}"
+            f"+{self.max_response_length}"
         )
         if self.hf_generate_micro_batch is not None:
             text += f", HF generate chunk {self.hf_generate_micro_batch}"
+        if self.val_batch_size is not None:
+            text += f", val batch {self.val_batch_size}"
         if self.gpu_memory_utilization is not None:
             text += f", vLLM memory {self.gpu_memory_utilization:.2f}"
+        offload = [n for n, on in (("param", self.param_offload),
+                                   ("optimizer", self.optimizer_offload)) if on]  # fmt: skip
+        if offload:
+            text += f", FSDP {'+'.join(offload)} offload"
+        if self.estimate_gib is None:
+            text += "; model unknown (config.json not read): memory not estimated"
+        else:
+            text += (
+                f"; estimated peak {self.estimate_gib:.1f} GiB/GPU ({self.estimate_phase}), "
+                f"limit {FIT_FRACTION * self.memory_gib:.1f}"
+            )
+        if self.idle_gpus:
+            text += f"; {self.idle_gpus} GPU(s) idle on bigger nodes"
         return text
 
 
-def size_for(profile: str, gpu_count: int, memory_gib: float) -> Sizing:
-    """Apply the sizing rule; refuses an unknown profile, no GPUs or no memory."""
-    if gpu_count < 1:
-        raise LaunchError(f"no GPU to train on (GPU count {gpu_count})")
+def size_for(
+    profile: str,
+    gpus_per_node: int,
+    memory_gib: float,
+    *,
+    nnodes: int = 1,
+    shape: ModelShape | None = None,
+    max_prompt_length: int = 512,
+    max_response_length: int = 512,
+    idle_gpus: int = 0,
+) -> Sizing:
+    """Apply the sizing rule (and the memory fit when ``shape`` is known).
+
+    Raises :class:`LaunchError` for an unknown profile, no GPUs or memory, or a model that
+    does not fit even with micro 1 and full offload ("needs ~X GiB per GPU, has Y").
+    """
+    if gpus_per_node < 1 or nnodes < 1:
+        raise LaunchError(f"no GPU to train on ({nnodes} node(s) x {gpus_per_node} GPU(s))")
     if not memory_gib or memory_gib <= 0:
         raise LaunchError(f"GPU memory {memory_gib!r} GiB: expected a positive size")
-    micro = micro_batch_per_gpu(profile, memory_gib)
-    mini = 2 * micro * gpu_count
-    return Sizing(
-        profile=profile,
-        gpu_count=gpu_count,
-        memory_gib=memory_gib,
-        micro_batch_per_gpu=micro,
-        log_prob_micro_batch_per_gpu=2 * micro,
-        ppo_mini_batch_size=mini,
-        train_batch_size=4 * mini,
-        hf_generate_micro_batch=4 * micro if profile == PASCAL_PROFILE else None,
-        gpu_memory_utilization=(
-            vllm_memory_utilization(memory_gib) if profile in _VLLM_PROFILES else None
-        ),
+    bucket = micro_batch_per_gpu(profile, memory_gib)
+    world = nnodes * gpus_per_node
+    hf = profile == PASCAL_PROFILE
+    vllm = vllm_memory_utilization(memory_gib) if profile in _VLLM_PROFILES else None
+
+    def sizing(micro: int, po: bool, oo: bool, est: memory.MemoryEstimate | None) -> Sizing:
+        chunk = 4 * micro if hf else None
+        return Sizing(
+            profile=profile,
+            nnodes=nnodes,
+            gpus_per_node=gpus_per_node,
+            memory_gib=memory_gib,
+            micro_batch_per_gpu=micro,
+            log_prob_micro_batch_per_gpu=2 * micro,
+            ppo_mini_batch_size=2 * micro * world,
+            train_batch_size=8 * micro * world,
+            max_prompt_length=max_prompt_length,
+            max_response_length=max_response_length,
+            hf_generate_micro_batch=chunk,
+            val_batch_size=world * chunk if chunk is not None else None,
+            gpu_memory_utilization=vllm,
+            param_offload=po,
+            optimizer_offload=oo,
+            estimate_gib=est.peak_gib() if est is not None else None,
+            estimate_phase=est.peak_phase if est is not None else "",
+            idle_gpus=idle_gpus,
+        )
+
+    if shape is None:
+        return sizing(bucket, False, False, None)
+
+    def work(micro: int, po: bool, oo: bool) -> Workload:
+        return Workload(
+            world_size=world,
+            sequence=max_prompt_length + max_response_length,
+            micro=micro,
+            log_prob_micro=2 * micro,
+            hf_chunk=4 * micro if hf else None,
+            vllm_gib=(vllm or 0.0) * memory_gib,
+            ref_bytes=4 if profile in _FP32_PROFILES else 2,
+            param_offload=po,
+            optimizer_offload=oo,
+        )
+
+    limit = FIT_FRACTION * memory_gib * GIB
+    micros = [bucket >> i for i in range(bucket.bit_length())]  # bucket, bucket/2, ..., 1
+    # Smaller micro-batches first (nothing moves to the CPU), then verl's offload.
+    for po, oo in ((False, False), (False, True), (True, True)):
+        for micro in micros:
+            est = memory.estimate(shape, work(micro, po, oo))
+            if est.peak <= limit:
+                return sizing(micro, po, oo, est)
+    least = memory.estimate(shape, work(1, True, True))
+    raise LaunchError(
+        f"model of {least.params / 1e6:.0f}M parameters at {max_prompt_length}+"
+        f"{max_response_length} tokens needs ~{least.peak_gib() / FIT_FRACTION:.1f} GiB per "
+        f"GPU, has {memory_gib:.1f} (estimated peak {least.peak_gib():.1f} GiB in "
+        f"{least.peak_phase} with micro-batch 1 and FSDP param+optimizer offload, "
+        f"limit {FIT_FRACTION:.0%} of the GPU): train a smaller model, shorten "
+        "stack.training.max_prompt_length/max_response_length, or use more GPUs per node"
     )
 
 
@@ -299,13 +497,57 @@ def gpu_memory_gib(
     return float(min(sizes))
 
 
-def _check_relative(what: str, value: str) -> str:
-    if not _SAFE_RELATIVE.fullmatch(value) or ".." in value.split("/"):
+# ------------------------------------------------------------------------------ cluster
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """The nodes one run trains on: GPU count per node, all their GPUs, smallest memory."""
+
+    node_gpus: tuple[tuple[str, int], ...]
+    gpus: tuple[object, ...] = ()
+    memory_gib: float | None = None
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.node_gpus)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """The smallest node's count: verl gives every node the same number of workers."""
+        return min(count for _, count in self.node_gpus)
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(count for _, count in self.node_gpus) - self.nnodes * self.gpus_per_node
+
+
+def cluster_shape(nodes: Mapping[str, Sequence[int | object]]) -> ClusterShape:
+    """The shape of a Ray cluster from each member's PCI GPUs (``{host: gpus}``).
+
+    Unequal GPU counts are sized to the smallest node (the others' extra GPUs idle). A member
+    without a GPU (a CPU-only head, say) is left out: Ray places no GPU worker there. Memory:
+    the catalog's smallest size over all nodes.
+    """
+    gpu_nodes = {name: list(gpus) for name, gpus in nodes.items() if list(gpus)}
+    if not gpu_nodes:
         raise LaunchError(
-            f"{what} {value!r}: expected a relative path of letters, digits, '.', '_', '+', '-' "
-            "and '/' (no '..'): it becomes a Hydra override value"
+            f"no GPU in the Ray cluster ({', '.join(sorted(nodes)) or 'no member'}): "
+            "run deploy/facts.py on its hosts"
         )
-    return value
+    every = tuple(g for gpus in gpu_nodes.values() for g in gpus)
+    try:
+        mem: float | None = gpu_memory_gib(every)
+    except LaunchError:
+        mem = None  # a GPU without a catalog size: each host's nvidia-smi decides
+    return ClusterShape(
+        node_gpus=tuple((name, len(gpus)) for name, gpus in gpu_nodes.items()),
+        gpus=every,
+        memory_gib=mem,
+    )
+
+
+# ------------------------------------------------------------------------------ the plan
 
 
 def _check_path(what: str, value: str) -> str:
@@ -329,6 +571,7 @@ class LaunchPlan:
     train_file: str
     val_file: str
     overrides: tuple[str, ...]
+    verl_ref: str = "v0.5.0"
     env: tuple[tuple[str, str], ...] = ENV
 
     def argv(self) -> list[str]:
@@ -342,6 +585,8 @@ class LaunchPlan:
         return {
             "profile": self.profile,
             "sizing": self.sizing.describe(),
+            "nnodes": self.sizing.nnodes,
+            "verl_ref": self.verl_ref,
             "python": q(self.python),
             "entry_point": q(ENTRY_POINT),
             "workdir": q(self.workdir),
@@ -358,14 +603,16 @@ def plan_launch(
     gpus: Iterable[int | object],
     *,
     smi_memory_mib: Sequence[int | None] = (),
-    model_name: str = DEFAULT_MODEL,
-    train_file: str = DEFAULT_TRAIN_FILE,
-    val_file: str = DEFAULT_VAL_FILE,
+    cluster: ClusterShape | None = None,
+    model_config: Mapping[str, object] | None = None,
 ) -> LaunchPlan:
     """The launch plan for a host with ``gpus`` (PCI device ids or ``PciGpu``-like objects).
 
-    Raises :class:`LaunchError` when the host is refused (``summarize_host``), its GPU memory
-    is unknown, or a name cannot be a Hydra override value.
+    ``cluster``: the Ray cluster the run spans (:func:`cluster_shape`); None: this host alone.
+    ``model_config``: the model's config.json; None: not staged yet (sized by the table only).
+    Raises :class:`LaunchError` when the host is refused (``summarize_host``), the verl ref
+    cannot serve its profile, the model does not fit, its GPU memory is unknown, or a name
+    cannot be a Hydra override value.
     """
     gpus = list(gpus)
     summary = summarize_host(
@@ -373,20 +620,49 @@ def plan_launch(
     )
     if not summary.ok or summary.profile is None:
         raise LaunchError(f"GPUs {summary.gpus_str}: {summary.refused}")
+    if cluster is None:
+        cluster = ClusterShape(node_gpus=(("this host", summary.gpu_count),))
     profile = summary.profile
-    sizing = size_for(profile, summary.gpu_count, gpu_memory_gib(gpus, smi_memory_mib))
+    if cluster.gpus:  # the cluster's lowest profile decides for every node
+        whole = summarize_host(
+            cluster.gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
+        )
+        if not whole.ok or whole.profile is None:
+            raise LaunchError(f"Ray cluster GPUs {whole.gpus_str}: {whole.refused}")
+        profile = whole.profile
+    if summary.gpu_count < cluster.gpus_per_node:
+        raise LaunchError(
+            f"this host has {summary.gpu_count} GPU(s), the cluster plan gives every node "
+            f"{cluster.gpus_per_node}: run deploy/facts.py and check the inventory"
+        )
+    ref = ref_overrides(spec.verl.ref, profile)
+    mem = gpu_memory_gib(gpus, smi_memory_mib)
+    if cluster.memory_gib is not None:
+        mem = min(mem, cluster.memory_gib)
+    training = spec.training
+    shape = None
+    if model_config is not None:
+        try:
+            shape = ModelShape.from_config(model_config)
+        except ModelShapeError as exc:
+            raise LaunchError(f"model {training.model.name}: {exc}") from None
+    sizing = size_for(
+        profile,
+        cluster.gpus_per_node,
+        mem,
+        nnodes=cluster.nnodes,
+        shape=shape,
+        max_prompt_length=training.max_prompt_length,
+        max_response_length=training.max_response_length,
+        idle_gpus=cluster.idle_gpus,
+    )
 
     env = spec.env
     python = _check_path("python", f"{env.conda_prefix}/envs/{env.name}/bin/python")
-    model_path = _check_path(
-        "model path", posixpath.join(env.model_dir, _check_relative("model name", model_name))
-    )
-    train = _check_path(
-        "train file", posixpath.join(env.data_dir, _check_relative("train file", train_file))
-    )
-    val = _check_path(
-        "val file", posixpath.join(env.data_dir, _check_relative("val file", val_file))
-    )
+    model_path = _check_path("model path", posixpath.join(env.model_dir, training.model.name))
+    data_dir = posixpath.join(env.data_dir, training.data.name)
+    train = _check_path("train file", posixpath.join(data_dir, training.data.train_file))
+    val = _check_path("val file", posixpath.join(data_dir, training.data.val_file))
     overrides = [
         f"data.train_files={train}",
         f"data.val_files={val}",
@@ -395,10 +671,9 @@ def plan_launch(
         *sizing.overrides(),
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         *profile_overrides(profile),
-        f"trainer.n_gpus_per_node={summary.gpu_count}",
-        "trainer.nnodes=1",
         "trainer.logger=[console]",
     ]
+    overrides = [o for o in overrides if _key(o) not in ref.absent]
     return LaunchPlan(
         profile=profile,
         sizing=sizing,
@@ -408,4 +683,5 @@ def plan_launch(
         train_file=train,
         val_file=val,
         overrides=tuple(overrides),
+        verl_ref=spec.verl.ref,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from p40fleet import verl_patches
 from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import ARTIFACTS, StackSpec
 
@@ -40,6 +41,23 @@ def gpu_refusal(summary: HostGpuSummary) -> Refusal | None:
         remedy="provision this host with another stack (or remove it from the inventory); "
         "`pyinfra INVENTORY deploy/facts.py` shows what each host has",
     )
+
+
+def verl_refusal(ref: str, summary: HostGpuSummary) -> Refusal | None:
+    """A verl ref the project has no rules for, or one that cannot serve the host's profile
+    (62549582 on Pascal: no HF rollout there, and vLLM needs compute capability >= 7.0)."""
+    if not summary.ok or summary.profile is None:
+        return None  # the GPU check refuses this host already
+    try:
+        verl_patches.rule_set(ref, summary.profile)
+    except verl_patches.VerlPatchError as exc:
+        return Refusal(
+            step="verl ref",
+            reason=f"GPUs {summary.gpus_str}: {exc}",
+            remedy=f"set stack.verl.ref to one that serves {summary.profile} (v0.5.0, the "
+            "default: its HF rollout runs on Pascal), or take this host out of the inventory",
+        )
+    return None
 
 
 def os_refusal(os_label: str) -> Refusal | None:

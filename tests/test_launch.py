@@ -15,6 +15,7 @@ from pyinfra.facts.server import TmpDir, Users
 
 from operations import launch as launch_op
 from p40fleet import launch
+from p40fleet import verl_patches as vp
 from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for
 from p40fleet.spec import load_spec
 from tests.opharness import at, run_op
@@ -177,28 +178,107 @@ def test_unknown_memory_is_refused_unless_nvidia_smi_says():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "training",
     [
-        {"model_name": "../etc"},
-        {"model_name": "Qwen 0.5B"},
-        {"train_file": "/abs/train.parquet"},
-        {"val_file": "a,b.parquet"},
+        {"model": {"name": "Qwen 0.5B"}},
+        {"data": {"name": "gsm,8k"}},
+        {"data": {"val_file": "a b.parquet"}},
     ],
 )
-def test_names_that_cannot_be_hydra_values_are_refused(kwargs):
-    with pytest.raises(LaunchError, match="expected a"):
-        plan_launch(SPEC, [P40], **kwargs)
+def test_names_that_cannot_be_hydra_values_are_refused(training):
+    with pytest.raises(LaunchError, match="expected a path of letters"):
+        plan_launch(load_spec("lab1", {"training": training}), [P40])
 
 
-def test_model_and_data_names_are_parameters():
-    plan = plan_launch(
-        SPEC, [P40], model_name="Qwen2.5-1.5B-Instruct", train_file="m/t.parquet", val_file="v.pq"
+def test_model_data_and_lengths_come_from_spec_training():
+    spec = load_spec(
+        "lab1",
+        {
+            "training": {
+                "model": {"name": "Qwen2.5-1.5B-Instruct"},
+                "data": {"name": "m", "train_file": "t.parquet", "val_file": "v.pq"},
+                "max_prompt_length": 96,
+                "max_response_length": 64,
+            }
+        },
     )
+    plan = plan_launch(spec, [P40])
     assert plan.model_path == "/home/verl/models/Qwen2.5-1.5B-Instruct"
     assert "critic.model.path=/home/verl/models/Qwen2.5-1.5B-Instruct" in plan.overrides
     assert "data.train_files=/home/verl/data/m/t.parquet" in plan.overrides
-    assert "data.val_files=/home/verl/data/v.pq" in plan.overrides
+    assert "data.val_files=/home/verl/data/m/v.pq" in plan.overrides
+    assert "data.max_prompt_length=96" in plan.overrides
+    assert "data.max_response_length=64" in plan.overrides
     assert plan.argv()[:3] == [PY, "-m", "verl.trainer.main_ppo"]
+    default = plan_launch(SPEC, [P40])
+    assert default.train_file == "/home/verl/data/gsm8k/train.parquet"
+    assert default.val_file == "/home/verl/data/gsm8k/test.parquet"
+    assert "data.max_prompt_length=512" in default.overrides  # verl's default, now explicit
+
+
+# ------------------------------------------------------------------ validation batch, nodes
+
+
+def test_hf_rollout_gets_a_validation_batch_of_one_chunk_per_gpu():
+    p40 = plan_launch(SPEC, [P40] * 4).sizing
+    assert (p40.hf_generate_micro_batch, p40.val_batch_size) == (16, 64)
+    assert "data.val_batch_size=64" in plan_launch(SPEC, [P40] * 4).overrides
+    # vLLM takes the whole validation set, as verl intends
+    assert plan_launch(SPEC, [A100_80] * 8).sizing.val_batch_size is None
+    assert not any("val_batch_size" in o for o in plan_launch(SPEC, [T4]).overrides)
+
+
+def test_multi_node_plan_sizes_for_the_world():
+    shape = launch.cluster_shape({"a": [P40] * 4, "b": [P40] * 4, "c": [P40] * 4})
+    plan = plan_launch(SPEC, [P40] * 4, cluster=shape)
+    s = plan.sizing
+    assert (s.nnodes, s.gpus_per_node, s.world_size) == (3, 4, 12)
+    assert (s.train_batch_size, s.ppo_mini_batch_size, s.val_batch_size) == (384, 96, 192)
+    assert "trainer.nnodes=3" in plan.overrides
+    assert "trainer.n_gpus_per_node=4" in plan.overrides
+    assert plan.sizing.describe().startswith("3 node(s) x 4 GPU(s) x 24 GiB (pascal)")
+
+
+def test_cluster_takes_the_lowest_profile_and_smallest_memory():
+    shape = launch.cluster_shape({"a": [A100_80], "b": [P100_16]})
+    plan = plan_launch(SPEC, [A100_80], cluster=shape)
+    assert plan.profile == "pascal" and plan.sizing.memory_gib == 16
+    assert "actor_rollout_ref.rollout.name=hf" in plan.overrides
+
+
+def test_cluster_refusals_name_the_node_and_the_numbers():
+    # a CPU-only member (a head, say) runs no GPU worker: it is not a training node
+    assert launch.cluster_shape({"head": [], "a": [P40] * 2}).node_gpus == (("a", 2),)
+    with pytest.raises(LaunchError, match="no GPU in the Ray cluster \\(a, b\\)"):
+        launch.cluster_shape({"a": [], "b": []})
+    shape = launch.cluster_shape({"a": [P40] * 4, "b": [P40] * 4})
+    with pytest.raises(
+        LaunchError, match="this host has 2 GPU\\(s\\), the cluster plan gives every node 4"
+    ):
+        plan_launch(SPEC, [P40] * 2, cluster=shape)
+
+
+# ------------------------------------------------------------------ per verl ref
+
+
+def test_seed_ref_refuses_pascal_and_drops_overrides_it_lacks():
+    seed = load_spec(
+        "lab1",
+        {"verl": {"ref": vp.SEED_COMMIT, "commit": vp.SEED_COMMIT, "version": "0.5.0.dev0"}},
+    )
+    with pytest.raises(LaunchError, match="62549582.*no rollout backend"):
+        plan_launch(seed, [P40])
+    volta = plan_launch(seed, [V100_16])
+    assert not any("model_dtype" in o for o in volta.overrides)
+    assert any("model_dtype" in o for o in plan_launch(SPEC, [V100_16]).overrides)
+    assert volta.verl_ref == vp.SEED_COMMIT
+
+
+def test_unknown_ref_is_refused_and_aliases_resolve():
+    with pytest.raises(LaunchError, match="no patch rule set"):
+        launch.ref_overrides("v9.9.9", "pascal")
+    assert launch.ref_overrides("v0.5.0-lab1", "pascal").ref == "v0.5.0"
+    assert launch.ref_overrides(vp.V050_COMMIT, "pascal").absent == ()
 
 
 # ------------------------------------------------------------------ the script

@@ -55,3 +55,22 @@ def test_mirror_refusals_tell_missing_file_from_dead_mirror():
     assert [r.step for r in refusals] == ["cuda artifact", "cudnn artifact"]
     assert "HTTP 404" in refusals[0].reason and "c.run" in refusals[0].remedy
     assert "did not answer" in refusals[1].reason and "Failed to connect" in refusals[1].reason
+
+
+def test_verl_ref_without_hf_rollout_refuses_pascal_naming_ref_and_reason():
+    seed = "62549582a71881fe861b09f8375e3aea80ac6754"
+    refusal = preflight.verl_refusal(seed, summarize_host([0x1B38] * 4))
+    assert refusal is not None and refusal.step == "verl ref"
+    assert f"verl ref {seed} is unsupported for profile pascal" in refusal.reason
+    assert "HF rollout" in refusal.reason and "compute capability >= 7.0" in refusal.reason
+    assert "v0.5.0" in refusal.remedy
+    # the same ref serves cc >= 7.0 (vLLM), and v0.5.0 serves Pascal
+    assert preflight.verl_refusal(seed, summarize_host([0x20B2])) is None
+    assert preflight.verl_refusal("v0.5.0", summarize_host([0x1B38])) is None
+    assert preflight.verl_refusal("v0.5.0-lab1", summarize_host([0x15F8])) is None
+
+
+def test_unknown_verl_ref_is_refused_and_gpu_refusals_are_left_to_the_gpu_check():
+    refusal = preflight.verl_refusal("v9.9.9", summarize_host([0x1B38]))
+    assert refusal is not None and "no patch rule set" in refusal.reason
+    assert preflight.verl_refusal("v9.9.9", summarize_host([])) is None
