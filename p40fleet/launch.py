@@ -85,7 +85,9 @@ Memory (when the model's config.json is known, ``p40fleet.memory``): the estimat
 must stay within ``FIT_FRACTION`` (0.75) of the GPU memory. If the table's micro does not fit,
 micro is halved down to 1 first (nothing moves to the CPU, no extra host RAM or PCIe traffic;
 the batches shrink with it), then verl's FSDP ``optimizer_offload`` is added for actor and
-critic, then ``param_offload`` too (each again from the table's micro down). The ref's
+critic, then ``param_offload`` too (each again from the table's micro down; on the HF rollout
+the critic's only: verl v0.5.0's ``hf_rollout.py:109`` gathers the actor's params for generation
+without loading offloaded ones back, which fails on a GPU, measured on an H200). The ref's
 ``param_offload`` is never set: verl already wraps the ref in FSDP ``CPUOffload``
 (fsdp_workers.py:366-368) and its manual offload would copy it to the GPU and back. Nothing
 fits: :class:`LaunchError` "needs ~X GiB per GPU, has Y". Model unknown (``model_config`` None,
@@ -346,7 +348,10 @@ class Sizing:
         if self.optimizer_offload:
             out += _OFFLOAD_OPTIMIZER
         if self.param_offload:
-            out += _OFFLOAD_PARAM
+            # HF rollout: the actor's params stay on the GPU (p40fleet.memory: actor_po)
+            out += (
+                _OFFLOAD_PARAM[1:] if self.hf_generate_micro_batch is not None else _OFFLOAD_PARAM
+            )
         out += [
             f"trainer.nnodes={self.nnodes}",
             f"trainer.n_gpus_per_node={self.gpus_per_node}",
@@ -368,7 +373,8 @@ class Sizing:
             text += f", val batch {self.val_batch_size}"
         if self.gpu_memory_utilization is not None:
             text += f", vLLM memory {self.gpu_memory_utilization:.2f}"
-        offload = [n for n, on in (("param", self.param_offload),
+        param = "critic param" if self.hf_generate_micro_batch is not None else "param"
+        offload = [n for n, on in ((param, self.param_offload),
                                    ("optimizer", self.optimizer_offload)) if on]  # fmt: skip
         if offload:
             text += f", FSDP {'+'.join(offload)} offload"

@@ -47,9 +47,12 @@ __all__ = [
 ]
 
 GIB = 2**30
-#: Share of a GPU's memory the estimate may use: the measured 18.0 GiB peak completed under a
-#: 24 GiB allocator cap (issue 16), i.e. 0.75; the rest is CUDA context and allocator slack.
-FIT_FRACTION = 0.75
+#: Share of a GPU's memory the estimate may use. Measured on an H200 with PyTorch's allocator
+#: capped (docs/measurements/ppo-*.json, two PPO steps each): the 1xP40 plan, estimated 22.2 GiB,
+#: peaked at 20.4 GiB allocated / 24.0 reserved under a 24 GiB cap (0.92 of it estimated); the
+#: P100 fallback, estimated 12.9, peaked at 13.0 / 15.9 under 16 GiB (0.81). Both trained. The
+#: CUDA context lies outside that cap: a real GPU reports it in nvidia-smi's memory.total.
+FIT_FRACTION = 0.93
 _CONFIG_KEYS = (
     "hidden_size",
     "intermediate_size",
@@ -171,13 +174,16 @@ def estimate(shape: ModelShape, work: Workload) -> MemoryEstimate:
     # HF rollout: the actor (and ref) is one FSDP unit, so a forward gathers all of it
     gather = 4 * p - actor_w if work.hf_chunk is not None else 0
 
+    # verl v0.5.0's HF rollout gathers the actor's FSDP params for generation without loading
+    # offloaded ones back (hf_rollout.py:109 -> "Expects tensor to be on the compute device",
+    # measured on an H200): there, param offload is the critic's only.
+    actor_po = work.param_offload and work.hf_chunk is None
+
     def resident(active: str) -> int:
         """What stays on the GPU while ``active`` runs (offloaded parts excepted)."""
         total = 0
         if active != "actor":
-            total += (0 if work.param_offload else actor_w) + (
-                0 if work.optimizer_offload else actor_adam
-            )
+            total += (0 if actor_po else actor_w) + (0 if work.optimizer_offload else actor_adam)
         if active != "critic":
             total += (0 if work.param_offload else critic_w) + (
                 0 if work.optimizer_offload else critic_adam
@@ -187,6 +193,11 @@ def estimate(shape: ModelShape, work: Workload) -> MemoryEstimate:
         return total
 
     lp_logits = work.log_prob_micro * seq * vocab * 4
+    # The actor's log-prob pass also computes the entropy (verl v0.5.0 compute_log_prob:
+    # calculate_entropy=True; torch_functional.entropy_from_logits keeps softmax(logits) beside
+    # the logits): a second logits-sized tensor. Without it the estimate was 28 % under the
+    # 2xP40 peak measured on an H200 (docs/measurements/ppo-2xP40.json); the ref skips it.
+    entropy = lp_logits
     train_act = work.micro * seq * (vocab + act_layers) * 4
     critic_act = work.micro * seq * act_layers * 4
     actor_idle_adam = 0 if work.optimizer_offload else actor_adam
@@ -196,11 +207,14 @@ def estimate(shape: ModelShape, work: Workload) -> MemoryEstimate:
     else:
         # verl's vLLM sharding manager puts an offloaded actor back on the CPU once vLLM has
         # its weights; vLLM's own share covers its weights and KV cache
-        on_gpu = 0 if work.param_offload else actor_w
+        on_gpu = 0 if actor_po else actor_w
         generate = resident("actor") + actor_idle_adam + on_gpu + int(work.vllm_gib * GIB)
     phases = (
         ("generate", generate),
-        ("actor log-prob", resident("actor") + actor_idle_adam + actor_w + gather + lp_logits),
+        (
+            "actor log-prob",
+            resident("actor") + actor_idle_adam + actor_w + gather + lp_logits + entropy,
+        ),
         ("ref log-prob", resident("ref") + ref_w + gather + lp_logits),
         ("critic values", resident("critic") + critic_w + critic_act),
         (

@@ -67,12 +67,36 @@ class Mode:
     gpus: int
     cap_gib: float
     kind: str  # the device tool's kind that runs it
+    #: Hydra overrides added after the plan's (the P100 floor: what the plan's last fallback
+    #: would run, to check its refusal against a real allocator capped at 16 GiB)
+    forced: tuple[str, ...] = ()
 
 
 PLANS: dict[str, Mode] = {
     "1xP40": Mode(0x1B38, 1, 24.0, "nvidia-h200"),
     "1xP100": Mode(0x15F8, 1, 16.0, "nvidia-h200"),
     "2xP40": Mode(0x1B38, 2, 24.0, "nvidia-h200-x2"),
+    # The 1xP40 script forced to the plan's last fallback for a P100 (micro 1, log-prob micro 2,
+    # HF chunk 4, critic param + actor/critic optimizer offload), run under a P100's 16 GiB.
+    "1xP100-floor": Mode(
+        0x1B38,
+        1,
+        16.0,
+        "nvidia-h200",
+        forced=(
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "critic.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.rollout.micro_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "data.train_batch_size=8",
+            "data.val_batch_size=4",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+            "critic.model.fsdp_config.optimizer_offload=True",
+            "critic.model.fsdp_config.param_offload=True",
+        ),
+    ),
 }
 
 #: The packages only this process needs (p40fleet.spec), kept off the trainer's path.
@@ -562,7 +586,7 @@ def run_one(name: str, args, repo: Path, stage: Path, carry: Path) -> dict[str, 
     env["PYTHONPATH"] = os.pathsep.join([str(HERE / "hook"), str(site)])
     env.update(P40_CAP_GIB=str(mode.cap_gib), P40_MEAS_DIR=str(meas))
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(mode.gpus))
-    extra = [f"trainer.total_training_steps={args.steps}", *args.override]
+    extra = [f"trainer.total_training_steps={args.steps}", *mode.forced, *args.override]
     setup_s = time.monotonic() - t0
     rc, timed_out = run_launch(script, extra, env, log_path, args.timeout_s)
     if timed_out:  # a killed trainer can leave Ray's daemons behind for the next plan
