@@ -358,6 +358,9 @@ def test_every_line_is_an_exact_pin(variant):
     ]
     assert not bad, f"{FILES[variant].name}: not pinned with ==: {bad}"
     assert not set(pins(FILES[variant])) & HELD, "torch is held by its own step, not pinned here"
+    # these pull other torch builds or need sm_70+/sm_80+ (stack-facts §5)
+    movers = EXCLUDED_DISTS | {"torchvision", "torchaudio", "triton"}
+    assert not set(pins(FILES[variant])) & movers, f"{FILES[variant].name} pins a torch mover"
 
 
 def test_direct_pins_agree_between_fleet_and_lab(verl_src, ppo):
