@@ -154,7 +154,12 @@ def _download(wheels: Path, req_file: Path) -> subprocess.CompletedProcess:
 
 
 def _wheel_fallback(wheels: Path, req_file: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pip", "wheel", "--prefer-binary", "--wheel-dir", str(wheels)]
+    # --use-pep517: an sdist without pyproject.toml (antlr4-python3-runtime 4.9.3, hydra-core's
+    # pin) is otherwise built with the legacy `setup.py bdist_wheel`, which fails with "invalid
+    # command 'bdist_wheel'" in a stock venv that has no `wheel`; PEP 517 builds it in an
+    # isolated env that gets setuptools and wheel from the index.
+    cmd = [sys.executable, "-m", "pip", "wheel", "--prefer-binary", "--use-pep517"]
+    cmd += ["--wheel-dir", str(wheels)]
     cmd += _find_links_args() + ["-r", str(req_file)]
     log("wheelhouse: some projects have no cp311 wheel; building them with pip wheel")
     return subprocess.run(cmd, env=_pip_env(), text=True, capture_output=True)

@@ -26,6 +26,7 @@ import pytest
 from p40lab import wheelhouse
 from p40lab.apex_remote import STANDIN_DIR, TAG, build_apex_remote, standin_files
 
+REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("P40FLEET_TEST_CACHE", Path.home() / ".cache" / "p40fleet-test"))
 TORCH_WHEEL = next(iter(sorted(wheelhouse.TORCH_WHEELS.glob("torch-2.13.0+cpu-*.whl"))), None)
 TORCH_SET = [wheelhouse.TORCH_REQUIREMENT, "setuptools", "wheel", "packaging", "ninja"]
@@ -159,6 +160,29 @@ def test_requirements_file_parsing(tmp_path):
     assert wheelhouse.read_requirements(req) == ["tensordict==0.9.1", "pyyaml==6.0.2"]
     assert wheelhouse.normalize("Typing_Extensions") == "typing-extensions"
     assert wheelhouse.default_requirements()[0] == "torch==2.13.0+cpu"
+
+
+def test_setup_py_sdist_builds_in_a_stock_venv(tmp_path):
+    """antlr4-python3-runtime 4.9.3 (hydra-core's pin) ships only a setup.py sdist.
+
+    The fallback must build it from a venv that has no ``wheel`` (the legacy ``setup.py
+    bdist_wheel`` path fails there with "invalid command 'bdist_wheel'").
+    """
+    venv = tmp_path / "stock"
+    run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", venv])
+    py = venv / "bin" / "python"
+    assert run([py, "-c", "import wheel"], check=False).returncode != 0, "venv has wheel"
+    req = tmp_path / "req.txt"
+    req.write_text("antlr4-python3-runtime==4.9.3\n")
+    wheels = tmp_path / "wheels"
+    code = (
+        "import sys; from pathlib import Path; from p40lab import wheelhouse\n"
+        f"p = wheelhouse._wheel_fallback(Path({str(wheels)!r}), Path({str(req)!r}))\n"
+        "print(p.stdout, p.stderr); sys.exit(p.returncode)\n"
+    )
+    env = clean_env(tmp_path, PYTHONPATH=str(REPO), PIP_NO_CACHE_DIR="1")  # really build it
+    run([py, "-c", code], env=env)
+    assert list(wheels.glob("antlr4_python3_runtime-4.9.3-py3-none-any.whl"))
 
 
 @needs_torch

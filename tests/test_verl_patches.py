@@ -320,7 +320,7 @@ def _pins(name: str) -> dict[str, str]:
         if line:
             pkg, _, ver = line.partition("==")
             assert ver, f"{name}: {line!r} is not pinned with =="
-            pins[pkg.lower()] = ver
+            pins[pkg.split("[", 1)[0].lower()] = ver  # ray[default]==... pins ray
     return pins
 
 
