@@ -81,8 +81,9 @@ import math
 import posixpath
 import re
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from p40fleet.gpu_catalog import lookup
 from p40fleet.profile import (
@@ -358,11 +359,15 @@ def plan_launch(
     gpus: Iterable[int | object],
     *,
     smi_memory_mib: Sequence[int | None] = (),
-    model_name: str = DEFAULT_MODEL,
-    train_file: str = DEFAULT_TRAIN_FILE,
-    val_file: str = DEFAULT_VAL_FILE,
+    model_config: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+    train_file: str | None = None,
+    val_file: str | None = None,
 ) -> LaunchPlan:
     """The launch plan for a host with ``gpus`` (PCI device ids or ``PciGpu``-like objects).
+
+    ``model_config``: the model's parsed ``config.json`` (None: not staged yet / unknown; the
+    sizing does not read it yet). Model and data names default to ``spec.training``'s.
 
     Raises :class:`LaunchError` when the host is refused (``summarize_host``), its GPU memory
     is unknown, or a name cannot be a Hydra override value.
@@ -377,6 +382,13 @@ def plan_launch(
     sizing = size_for(profile, summary.gpu_count, gpu_memory_gib(gpus, smi_memory_mib))
 
     env = spec.env
+    training = spec.training
+    if model_name is None:
+        model_name = training.model.name
+    if train_file is None:
+        train_file = posixpath.join(training.data.name, training.data.train_file)
+    if val_file is None:
+        val_file = posixpath.join(training.data.name, training.data.val_file)
     python = _check_path("python", f"{env.conda_prefix}/envs/{env.name}/bin/python")
     model_path = _check_path(
         "model path", posixpath.join(env.model_dir, _check_relative("model name", model_name))
