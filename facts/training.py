@@ -56,8 +56,8 @@ class StagedDir(FactBase[StagedDirState]):
             key, _, value = line.strip().partition("=")
             if key == "exists":
                 exists = value == "yes"
-            elif key == "marker":
-                marker = value.strip() or None
+            elif key == "marker":  # "SHA256  FILENAME": the sum is the first word
+                marker = (value.split() or [None])[0]
             elif key == "file" and value:
                 files.append(value)
         return StagedDirState(exists, marker, tuple(sorted(files)))
