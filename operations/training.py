@@ -72,7 +72,7 @@ def needs_staging(spec: StackSpec, which: str, target: Any = None) -> bool:
     archive = getattr(spec.training, which).archive
     if archive is None:
         return False
-    state = (target or host).get_fact(StagedDir, path=staged_dir(spec, which))
+    state = (host if target is None else target).get_fact(StagedDir, path=staged_dir(spec, which))
     return state.marker != archive.sha256.lower() or bool(missing(spec, which, state))
 
 
@@ -194,7 +194,7 @@ def stage(which: str, spec: StackSpec):
 
 def gpu_memory_mib(gpu_count: int, target: Any = None) -> list[int | None]:
     """nvidia-smi's ``memory.total`` per GPU, or ``[]`` when it does not answer for all of them."""
-    smi = (target or host).get_fact(NvidiaSmi)
+    smi = (host if target is None else target).get_fact(NvidiaSmi)
     if not smi.ok or len(smi.gpus) != gpu_count:
         return []
     return [gpu.memory_mib for gpu in smi.gpus]
@@ -206,7 +206,7 @@ def host_plan(
     """This host's launch plan from its facts (GPUs, nvidia-smi memory, the model's config.json;
     ``model_config=False``: read it now). Raises ``LaunchError`` when the host gets none.
     The one place a host's plan is made: the launch script and verify both use it."""
-    target = target or host
+    target = host if target is None else target
     gpus = list(target.get_fact(PciGpus))
     if model_config is False:
         model_config = target.get_fact(ModelConfig, path=staged_dir(spec, "model"))

@@ -206,3 +206,25 @@ def test_a_host_without_a_plan_is_refused():
 
     r, _ = launch(CONFIG, model_queued=False, make_plan=no_plan)
     assert r.failures and "0x1234" in r.failures[0]
+
+
+def test_the_hosts_plan_is_made_from_its_own_facts():
+    """``host_plan`` / ``training_target`` with pyinfra's ``host`` (a context proxy)."""
+    from facts.gpu import PciGpus
+    from tests.test_checks import p40
+
+    targets = []
+
+    def op():
+        targets.append(training.training_target(SPEC))
+        yield from ()
+
+    run_op(
+        op,
+        facts={PciGpus: [p40("0000:00:06.0"), p40("0000:00:07.0")], ModelConfig: CONFIG},
+        default_facts=True,  # nvidia-smi: no answer, the catalog's size
+    )
+    (target,) = targets
+    assert target.problem is None and target.model_path == MODEL_DIR
+    assert "trainer.n_gpus_per_node=2" in target.overrides
+    assert target.train_file == f"{DATA_DIR}/train.parquet"
