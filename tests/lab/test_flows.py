@@ -169,6 +169,7 @@ def test_removed_data_file_fails_verify_then_is_restaged_from_the_cache(fleet):
     lab.ssh("lab1", f"rm {data}/test.parquet", check=True)
     verify = full(report=reports / "fault.json", deploy="deploy/verify.py")
     assert verify.returncode != 0
+    print(f"deploy/verify.py (one probe per host, training path included): {verify.seconds:.1f} s")
     check = checks_of(reports / "fault.json", "lab1")["data files"]
     assert check["status"] == "FAIL" and check["detail"] == f"missing: {data}/test.parquet"
     assert "deploy/training.py" in check["remedy"]
