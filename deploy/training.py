@@ -1,33 +1,30 @@
-"""Training launch: a ``~/launch-ppo.sh`` per host, right for its GPUs.
+"""Training: the model and data a host trains on, and a ``~/launch-ppo.sh`` right for its GPUs.
 
     pyinfra -y inventories/lab.py deploy/training.py
 
 Runs after deploy/python.py (the training user, the conda env and verl exist). Per host:
-validated spec -> GPU facts (PCI ids; nvidia-smi memory when the driver answers; with a Ray head
-in the inventory, every member's PCI GPUs: ``p40fleet.launch.cluster_shape``) -> launch plan
-(``p40fleet.launch``: profile overrides and the sizing rule) -> the script in the training
-user's home. Changes nothing when the script is already right. A host that cannot get a script
-is refused on its own; the others go on.
+validated spec -> 1. the model and 2. the data of ``stack.training``, each unpacked once from
+its sha256-pinned archive when it has one (``operations.training.stage``: a re-run downloads
+nothing) -> 3. the launch plan (``operations.training.host_plan``: GPU facts, the staged model's
+config.json, with a Ray head in the inventory every member's PCI GPUs:
+``p40fleet.launch.cluster_shape``; ``p40fleet.launch``) -> the script in the training user's
+home. Changes nothing when all of it is already right. A host that cannot get a script is refused on its own; the
+others go on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyinfra import host, inventory, state
 from pyinfra.context import ctx_host
 
-from facts.gpu import NvidiaSmi, PciGpus
-from operations import launch, ray_cluster, training_user
-from operations.preflight import refuse, refused_hosts, validated_spec
-from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, cluster_shape, plan_launch
+from facts.gpu import PciGpus
+from operations import launch, ray_cluster, training, training_user
+from operations.preflight import refused_hosts, validated_spec
+from p40fleet.launch import ClusterShape, LaunchPlan, cluster_shape
 from p40fleet.spec import StackSpec
-
-
-def gpu_memory_mib(gpu_count: int) -> list[int | None]:
-    """nvidia-smi's ``memory.total`` per GPU, or ``[]`` when it does not answer for all of them."""
-    smi = host.get_fact(NvidiaSmi)
-    if not smi.ok or len(smi.gpus) != gpu_count:
-        return []
-    return [gpu.memory_mib for gpu in smi.gpus]
+from p40fleet.training import staged_dir
 
 
 def cluster() -> ClusterShape:
@@ -42,33 +39,25 @@ def cluster() -> ClusterShape:
     return cluster_shape(nodes)
 
 
-def launch_plan(spec: StackSpec) -> LaunchPlan | None:
-    """This host's plan, or None after queueing a refusal that says why."""
-    gpus = list(host.get_fact(PciGpus))
-    try:
-        shape = cluster() if ray_cluster.configured(spec) else None
-        return plan_launch(spec, gpus, smi_memory_mib=gpu_memory_mib(len(gpus)), cluster=shape)
-    except LaunchError as exc:
-        refuse(
-            name="Refuse: launch script",
-            step="launch script",
-            reason=str(exc),
-            remedy="run deploy/facts.py and fix what it reports",
-        )
-        return None
-
-
 def deploy(spec: StackSpec) -> None:
-    plan = launch_plan(spec)
-    if plan is None:
-        return
-    host.log(f"launch: {plan.sizing.describe()}")
-    launch.launch_script(
-        name=f"PPO launch script ~{spec.user.name}/{launch.SCRIPT_NAME} ({plan.profile})",
-        plan=plan,
-        user=spec.user.name,
-        home=spec.user.home,
+    for which in ("model", "data"):
+        archive = getattr(spec.training, which).archive
+        source = f"from {archive.filename}" if archive else "(no archive: checked only)"
+        training.stage(
+            name=f"Training {which} {staged_dir(spec, which)} {source}", which=which, spec=spec
+        )
+
+    shape = cluster() if ray_cluster.configured(spec) else None
+
+    def make_plan(model_config: Mapping | None) -> LaunchPlan:
+        return training.host_plan(spec, model_config=model_config, cluster=shape)
+
+    training.launch_script(
+        name=f"PPO launch script ~{spec.user.name}/{launch.SCRIPT_NAME}",
+        spec=spec,
+        make_plan=make_plan,
         user_queued=host.name in training_user.queued_hosts(state),
+        model_queued=training.needs_staging(spec, "model"),
     )
 
 

@@ -4,7 +4,9 @@
     python -m p40fleet.verify inventories/sim.py --json r.json   # same, exit 0 / 1 / 2
 
 One read-only probe per host (``facts.verify.VerifyProbe``) answers everything; the checks
-(``p40fleet.checks``) compare the answers with the stack spec and the host's PCI GPU facts.
+(``p40fleet.checks``) compare the answers with the stack spec, the host's PCI GPU facts and its
+launch plan (the training path: verl's trainer modules import, the plan's overrides compose
+with the host's verl, the model and data files the script names are there).
 After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) and, when
 ``$P40FLEET_REPORT`` names a file, the JSON report there.
 
@@ -19,7 +21,7 @@ from pyinfra import host, state
 
 from facts.gpu import PciGpus
 from facts.verify import VerifyProbe
-from operations import ray_cluster, verification
+from operations import ray_cluster, training, verification
 from operations.preflight import refuse, validated_spec
 from p40fleet import report
 from p40fleet.checks import FAIL, Check, spec_failure
@@ -32,11 +34,14 @@ _PRINTED_ATTR = "p40fleet_verify_printed"
 def verify_host(spec: StackSpec) -> list[Check]:
     """Probe this host once (a fact: read-only) and run every check."""
     gpus = list(host.get_fact(PciGpus))
+    target = None
     try:
-        answers = host.get_fact(VerifyProbe, **verification.probe_arguments(spec))
+        target = training.training_target(spec)  # the launch plan the script has
+        answers = host.get_fact(VerifyProbe, **verification.probe_arguments(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
-        return verification.checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}")
-    return verification.checks_for(spec, gpus, answers)
+        problem = f"{type(exc).__name__}: {exc}"
+        return verification.checks_for(spec, gpus, None, problem, target)
+    return verification.checks_for(spec, gpus, answers, target=target)
 
 
 def _checks_for_this_host() -> list[Check]:

@@ -9,7 +9,9 @@ or :func:`p40fleet.checks.parse_probe`.
 
 from __future__ import annotations
 
+import json
 import shlex
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,7 +33,8 @@ PROBE_TEMPLATE = Path(__file__).resolve().parent.parent / "files" / "verify-prob
 #: nvidia-smi --query-gpu fields the probe asks for (R470 has no compute_cap: asked without it).
 SMI_FIELDS = "index,name,pci.bus_id,pci.device_id,compute_cap,driver_version"
 SMI_FIELDS_R470 = "index,name,pci.bus_id,pci.device_id,driver_version"
-#: Limit for each Python snippet (``import verl`` loads torch, ray, transformers).
+#: Limit for each Python snippet (``import verl`` loads torch, ray, transformers; the trainer
+#: modules, Hydra's compose and the tokenizer share that interpreter).
 PYTHON_TIMEOUT_S = 300
 #: A shell test that holds on a host of the simulated lab (p40lab), whose GPU answers are doubles.
 SIMULATED_HOST_TEST = "[ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]"
@@ -55,8 +58,12 @@ def render_probe(
     verl_checkout: str,
     verl_ref: str,
     patch_record: str,
+    model_path: str,
+    train_file: str,
+    val_file: str,
+    overrides: Sequence[str] = (),
 ) -> str:
-    """The probe script for these paths (a POSIX sh script)."""
+    """The probe script for these paths and the host's launch overrides (a POSIX sh script)."""
     return _template().render(
         cuda_dir=cuda_dir.rstrip("/") or "/",
         cudnn_tree=cudnn_tree.rstrip("/") or "/",
@@ -65,6 +72,10 @@ def render_probe(
         verl_checkout=verl_checkout.rstrip("/") or "/",
         verl_ref=verl_ref,
         patch_record=patch_record,
+        model_path=model_path,
+        train_file=train_file,
+        val_file=val_file,
+        overrides_json=json.dumps(list(overrides)),
         smi_fields=SMI_FIELDS,
         smi_fields_r470=SMI_FIELDS_R470,
         python_timeout=PYTHON_TIMEOUT_S,
@@ -94,6 +105,10 @@ class VerifyProbe(FactBase[ProbeAnswers]):
         verl_checkout: str,
         verl_ref: str,
         patch_record: str,
+        model_path: str,
+        train_file: str,
+        val_file: str,
+        overrides: Sequence[str] = (),
     ) -> str:
         return render_probe(
             cuda_dir=cuda_dir,
@@ -103,6 +118,10 @@ class VerifyProbe(FactBase[ProbeAnswers]):
             verl_checkout=verl_checkout,
             verl_ref=verl_ref,
             patch_record=patch_record,
+            model_path=model_path,
+            train_file=train_file,
+            val_file=val_file,
+            overrides=overrides,
         )
 
     @override

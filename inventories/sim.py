@@ -11,9 +11,11 @@ Groups: ``sim`` (every lab host, lab1..labN, whatever GPUs each has), ``ray_head
 SSH: root with the lab's ed25519 key, the lab's own known_hosts, strict host key checking, no
 agent, no ~/.ssh keys. Host data: ``gpu_layout`` and ``sim_os`` for information, and ``stack`` =
 ``inventories/group_data/all.py``'s ``stack`` deep-merged with the lab's overrides (the doubles'
-sums, the mirror, the base image's python, the lab's torch: ``state["stack"]``, published by
-``p40lab.mirror`` through ``p40lab.state.set_stack_overrides``). A host-level ``stack`` replaces
-the group's, hence the explicit merge; ``stack_host`` stays free for per-run overrides.
+sums, the mirror, the base image's python, the lab's torch, ``training``: the lab's own tiny
+model and GSM8K-format data archives with their sums, ``p40lab.training_data``:
+``state["stack"]``, published by ``p40lab.mirror`` through
+``p40lab.state.set_stack_overrides``). A host-level ``stack`` replaces the group's, hence the
+explicit merge; ``stack_host`` stays free for per-run overrides.
 """
 
 import copy

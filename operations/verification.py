@@ -20,20 +20,25 @@ from pyinfra.api.state import BaseStateCallback
 from facts.gpu import PciGpus
 from facts.python_env import env_dir, env_python
 from facts.verify import VerifyProbe
-from operations import apex, artifacts, cudnn
+from operations import apex, artifacts, cudnn, training
 from p40fleet import report
 from p40fleet.checks import FAIL, Check, host_verdict, run_checks
 from p40fleet.spec import StackSpec
+from p40fleet.training import TrainingTarget
 from p40fleet.verl_patches import RECORD_NAME
 
 TABLE_ENV = "P40FLEET_VERIFY_TABLE"
 _SPECS_ATTR = "p40fleet_verify_after_run"
 
 
-def probe_arguments(spec: StackSpec) -> dict[str, str]:
-    """What the verify probe looks at on a host with this spec."""
+def probe_arguments(spec: StackSpec, target: TrainingTarget) -> dict[str, Any]:
+    """What the verify probe looks at on a host with this spec and this launch plan."""
     env = spec.env
     return {
+        "model_path": target.model_path,
+        "train_file": target.train_file,
+        "val_file": target.val_file,
+        "overrides": tuple(target.overrides),
         "cuda_dir": spec.paths.cuda_dir,
         "cudnn_tree": cudnn.extracted_dir(
             spec.paths.cudnn_extract_dir, artifacts.artifact_path(spec, "cudnn")
@@ -54,7 +59,11 @@ def expected_apex_key(spec: StackSpec, gpus: list) -> str | None:
 
 
 def checks_for(
-    spec: StackSpec, gpus: list, answers: Any, problem: str | None = None
+    spec: StackSpec,
+    gpus: list,
+    answers: Any,
+    problem: str | None = None,
+    target: TrainingTarget | None = None,
 ) -> list[Check]:
     """Every check for one host from its probe answers (None: the probe could not run)."""
     checks = run_checks(
@@ -62,6 +71,7 @@ def checks_for(
         spec,
         gpus,
         apex_key=expected_apex_key(spec, gpus),
+        training=target,
     )
     if answers is None:
         checks = [
@@ -104,15 +114,19 @@ def finish(entries: dict[str, Any]) -> dict[str, Any]:
 def _probe_now(target, spec: StackSpec) -> list[Check]:
     """Run the probe on ``target`` now (not from the fact cache) and check the answers."""
     fact = VerifyProbe()
-    command = fact.command(**probe_arguments(spec))
     gpus = list(target.get_fact(PciGpus))
+    plan = None
     try:
+        # the plan as the launch script has it now (the model config staged by this run)
+        plan = training.training_target(spec, target)
+        command = fact.command(**probe_arguments(spec, plan))
         ok, output = target.run_shell_command(command, print_output=False)
     except Exception as exc:  # noqa: BLE001 - a host that cannot be probed FAILs, the run goes on
-        return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}")
+        return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}", plan)
     if not ok:
-        return checks_for(spec, gpus, None, "; ".join(output.stderr_lines[-3:]) or "no output")
-    return checks_for(spec, gpus, fact.process(output.stdout_lines))
+        why = "; ".join(output.stderr_lines[-3:]) or "no output"
+        return checks_for(spec, gpus, None, why, plan)
+    return checks_for(spec, gpus, fact.process(output.stdout_lines), target=plan)
 
 
 class _VerifyAfterLastOperation(BaseStateCallback):

@@ -34,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 from p40fleet.gpu_catalog import NVIDIA_VENDOR_ID, lookup, normalize_bus_id, parse_pci_id
 from p40fleet.profile import summarize_host
 from p40fleet.spec import StackSpec
+from p40fleet.training import TrainingTarget, model_dir_problems
 
 __all__ = [
     "FAIL",
@@ -288,6 +289,7 @@ class _Ctx:
     lowest: tuple[int, int] | None
     profile: str | None
     apex_key: str | None
+    training: TrainingTarget | None = None
 
 
 def _gpus(ctx: _Ctx) -> Check:
@@ -991,6 +993,178 @@ def _verl_patches(ctx: _Ctx) -> Check:
     )
 
 
+# --- the training path ----------------------------------------------------------------------
+
+_TRAINING = "run `pyinfra -y INVENTORY deploy/training.py`"
+
+
+def _py_section(
+    ctx: _Ctx, name: str, section_name: str, what: str, remedy: str
+) -> tuple[dict[str, Any] | None, Check | None]:
+    """A Python section's answer, or the FAIL saying why there is none."""
+    section = ctx.answers.section(section_name)
+    if section is None:
+        return None, _no_answer(name, what, remedy)
+    if missing := _python_missing(section):
+        return None, Check(name, FAIL, missing, _PYTHON)
+    answer = section.answer
+    if answer is None:
+        return None, Check(name, FAIL, _py_failure(section, what), remedy)
+    if answer.get("error") and len(answer) == 1:
+        return None, Check(name, FAIL, f"{what} failed: {answer['error']}", remedy)
+    return answer, None
+
+
+def _trainer_modules(ctx: _Ctx) -> Check:
+    name = "trainer modules"
+    variant = ctx.spec.verl.requirements or "the env's"
+    remedy = _force("verl", _PYTHON)
+    answer, problem = _py_section(ctx, name, "trainer", "the verl trainer imports", remedy)
+    if problem is not None:
+        return problem
+    assert answer is not None
+    modules: dict[str, Any] = answer.get("modules") or {}
+    if not modules:
+        return Check(name, FAIL, "the probe imported no trainer module", remedy)
+    bad = {m: r for m, r in modules.items() if not (isinstance(r, dict) and r.get("ok"))}
+    if not bad:
+        return Check(name, PASS, "import " + ", ".join(modules) + ": ok")
+    missing = sorted({r.get("missing") for r in bad.values() if isinstance(r, dict)} - {None})
+    detail = "; ".join(
+        f"import {m}: {r.get('error') if isinstance(r, dict) else r}" for m, r in bad.items()
+    )
+    if missing:
+        fix = (
+            f"the env lacks {', '.join(missing)}: verl's runtime needs it pinned in "
+            f"files/verl-requirements-{variant}.txt (the lab: and in its wheelhouse), then "
+            + remedy.removeprefix("run ")
+        )  # fmt: skip
+    else:
+        fix = remedy
+    return Check(name, FAIL, detail, fix)
+
+
+def _launch_overrides(ctx: _Ctx) -> Check:
+    import hashlib
+
+    name = "launch overrides"
+    target = ctx.training
+    if target is None:
+        return Check(name, SKIP, "no launch plan was given to verify against")
+    if target.problem:
+        return Check(
+            name, FAIL, f"no launch plan for this host: {target.problem}",
+            "run `pyinfra -y INVENTORY deploy/facts.py` and fix what it reports",
+        )  # fmt: skip
+    remedy = _force("verl", _PYTHON)
+    answer, problem = _py_section(ctx, name, "compose", "composing verl's config", remedy)
+    if problem is not None:
+        return problem
+    assert answer is not None
+    expected = hashlib.sha256(json.dumps(list(target.overrides)).encode()).hexdigest()
+    if answer.get("sha256") != expected:
+        return Check(
+            name, FAIL, "the probe composed other overrides than this host's launch plan",
+            "run verify again (the plan changed while it ran)",
+        )  # fmt: skip
+    where = answer.get("config_dir")
+    if answer.get("ok") is True:
+        return Check(
+            name, PASS, f"{answer.get('count')} overrides of ~/launch-ppo.sh compose with "
+            f"verl's ppo_trainer config ({where}) and resolve",
+        )  # fmt: skip
+    fix = (
+        f"p40fleet/launch.py renders an override the installed verl ({ctx.spec.verl.ref}) does "
+        "not accept: derive it for this verl ref, or pin the verl the plan is written for; "
+        "meanwhile pass a replacement as an argument to launch-ppo.sh"
+    )
+    if answer.get("base_error"):
+        return Check(
+            name, FAIL, f"verl's own config does not compose ({where}): {answer['base_error']}",
+            remedy,
+        )  # fmt: skip
+    bad: dict[str, str] = answer.get("bad") or {}
+    if bad:
+        return Check(name, FAIL, "; ".join(f"{o}: {e}" for o, e in bad.items()), fix)
+    return Check(name, FAIL, f"the overrides together: {answer.get('error')}", fix)
+
+
+def _inputs_remedy(ctx: _Ctx, which: str, path: str) -> str:
+    archive = getattr(ctx.spec.training, which).archive
+    if archive is not None:
+        return f"{_TRAINING} (it unpacks {archive.filename} into {path})"
+    if which == "model":
+        return (
+            f"save the Hugging Face model into {path} (config.json, tokenizer, weights), "
+            f"or set stack.training.model.archive and {_TRAINING}"
+        )
+    return (
+        f"prepare the parquet files in {path} (for GSM8K: verl's "
+        f"examples/data_preprocess/gsm8k.py --local_dir {path}), or set "
+        f"stack.training.data.archive and {_TRAINING}"
+    )
+
+
+def _model_files(ctx: _Ctx) -> Check:
+    name = "model files"
+    target = ctx.training
+    if target is None:
+        return Check(name, SKIP, "no launch plan was given to verify against")
+    path = target.model_path
+    remedy = _inputs_remedy(ctx, "model", path)
+    answer, problem = _py_section(ctx, name, "model", f"the model {path}", remedy)
+    if problem is not None:
+        return problem
+    assert answer is not None
+    if answer.get("path") != path:
+        return Check(name, FAIL, f"the probe looked at {answer.get('path')}, not {path}",
+                     "run verify again")  # fmt: skip
+    if not answer.get("exists"):
+        return Check(name, FAIL, f"no model directory {path}", remedy)
+    lacking = model_dir_problems(answer.get("files") or [])
+    if lacking:
+        return Check(name, FAIL, f"{path} lacks {', '.join(lacking)}", remedy)
+    if answer.get("config_error"):
+        return Check(name, FAIL, f"{path}/config.json: {answer['config_error']}", remedy)
+    if answer.get("tokenizer_error"):
+        return Check(
+            name, FAIL, f"the tokenizer in {path} does not load: {answer['tokenizer_error']}",
+            remedy,
+        )  # fmt: skip
+    return Check(
+        name, PASS, f"{path}: config.json ({answer.get('model_type')}), tokenizer "
+        f"({answer.get('tokens')} tokens), weights",
+    )  # fmt: skip
+
+
+def _data_files(ctx: _Ctx) -> Check:
+    name = "data files"
+    target = ctx.training
+    if target is None:
+        return Check(name, SKIP, "no launch plan was given to verify against")
+    section = ctx.answers.section("training-data")
+    directory = target.train_file.rsplit("/", 1)[0]
+    remedy = _inputs_remedy(ctx, "data", directory)
+    if section is None:
+        return _no_answer(name, "the data files", remedy)
+    found: dict[str, tuple[str, str]] = {}
+    for line in section.raw:
+        parts = line.split(" ", 3)
+        if len(parts) == 4 and parts[0] == "found":
+            found[parts[3]] = (parts[1], parts[2].removesuffix("_"))
+    wanted = list(dict.fromkeys((target.train_file, target.val_file)))
+    missing = [f for f in wanted if f not in found]
+    if missing:
+        return Check(name, FAIL, "missing: " + ", ".join(missing), remedy)
+    empty = [f for f in wanted if found[f][0] in ("", "0")]
+    not_parquet = [f for f in wanted if f.endswith(".parquet") and found[f][1] != "PAR1"]
+    if empty or not_parquet:
+        what = [f"{f} is empty" for f in empty]
+        what += [f"{f} is not a parquet file" for f in not_parquet if f not in empty]
+        return Check(name, FAIL, "; ".join(what), remedy)
+    return Check(name, PASS, ", ".join(f"{f} ({found[f][0]} bytes)" for f in wanted))
+
+
 _CHECKS = (
     _nouveau,
     _driver_installed,
@@ -1010,6 +1184,10 @@ _CHECKS = (
     _verl_version,
     _verl_checkout,
     _verl_patches,
+    _trainer_modules,
+    _launch_overrides,
+    _model_files,
+    _data_files,
 )
 
 #: Names of the checks :func:`run_checks` returns, in order (``probe`` only when it broke).
@@ -1034,6 +1212,10 @@ CHECK_NAMES = (
     "verl version",
     "verl checkout",
     "verl patches",
+    "trainer modules",
+    "launch overrides",
+    "model files",
+    "data files",
 )
 
 
@@ -1043,11 +1225,14 @@ def run_checks(
     pci_gpus: Iterable[Any],
     *,
     apex_key: str | None = None,
+    training: TrainingTarget | None = None,
 ) -> list[Check]:
     """Every check for one host, in :data:`CHECK_NAMES` order.
 
     ``pci_gpus``: the host's ``facts.gpu.PciGpu`` list (anything with ``bus_id`` and
     ``device_id``). ``apex_key``: the Apex build key the spec needs on this host (None: SKIP).
+    ``training``: the host's launch plan (overrides, model and data paths) the training-path
+    checks compare the probe's answers with (None: those SKIP).
     """
     pci = tuple(pci_gpus)
     summary = summarize_host(
@@ -1064,6 +1249,7 @@ def run_checks(
         lowest=summary.lowest_capability,
         profile=summary.profile,
         apex_key=apex_key,
+        training=training,
     )
     checks = [_gpus(ctx)]
     if not answers.started:

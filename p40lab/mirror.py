@@ -680,12 +680,15 @@ def ensure_mirror(
     except ImportError:  # pragma: no cover
         lab_state = None
     if lab_state is not None and hasattr(lab_state, "set_stack_overrides"):
-        from p40lab import sim_stack
+        from p40lab import sim_stack, training_data
 
         python = sim_stack.build_python_mirror(mirror_dir, base_url)
+        # the training model and data archives, beside the doubles (same bytes every build)
+        training = training_data.build_training_archives(mirror_dir / "artifacts", base_url)
         stack = sim_stack.sim_stack(
-            pins, python, base_url, sim_stack.base_python_version(), unpack_bytes=unpack
-        )
+            pins, python, base_url, sim_stack.base_python_version(), unpack_bytes=unpack,
+            training=training,
+        )  # fmt: skip
         lab_state.set_stack_overrides(stack, replace=True)
     return pins
 

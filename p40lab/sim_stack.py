@@ -45,8 +45,10 @@ def build_python_mirror(mirror_dir: Path, base_url: str) -> dict[str, Any]:
 
 
 def sim_stack(artifact_pins: dict[str, Any], python: dict[str, Any], base_url: str,
-              python_version: str, unpack_bytes: int) -> dict[str, Any]:  # fmt: skip
-    """Host data ``stack`` for sim hosts: the doubles' sums, the mirror, what the lab can run."""
+              python_version: str, unpack_bytes: int,
+              training: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Host data ``stack`` for sim hosts: the doubles' sums, the mirror, what the lab can run,
+    and ``training`` (``p40lab.training_data``'s pins: the lab's own tiny model and dataset)."""
     artifacts = ("driver", "cuda", "cudnn", "miniconda")
     stack = {k: dict(v) for k, v in artifact_pins.items() if k in artifacts}
     # The CUDA double needs what the real runfile needs in --tmpdir, though it is small itself.
@@ -74,4 +76,6 @@ def sim_stack(artifact_pins: dict[str, Any], python: dict[str, Any], base_url: s
     }
     # Lab hosts run bookworm's gcc 12 (CUDA 11.8 wants <= 11) and may reboot at will.
     stack["policy"] = {"allow_reboot": True, "allow_gcc_override": True}
+    if training is not None:
+        stack["training"] = training
     return stack

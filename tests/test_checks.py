@@ -30,6 +30,7 @@ from p40fleet.checks import (
 )
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
+from p40fleet.training import TrainingTarget
 from p40fleet.verl_patches import rule_set
 
 SPEC = load_spec("lab1", {})
@@ -39,6 +40,36 @@ APEX_KEY = "25.09-4bdecd06b3c4_torch2.6.0-cu118_cuda11.8.0_sm6.1_py3.10_cpp-cuda
 PASCAL_RULES = [r.id for r in rule_set("v0.5.0", "pascal").rules]
 PATCHED = sorted({r.file for r in rule_set("v0.5.0", "pascal").rules})
 SHA = {f: f"{i:064x}" for i, f in enumerate(PATCHED)}
+MODEL = "/home/verl/models/Qwen2.5-0.5B-Instruct"
+TRAIN, VAL = "/home/verl/data/gsm8k/train.parquet", "/home/verl/data/gsm8k/test.parquet"
+OVERRIDES = ("data.train_batch_size=64", "actor_rollout_ref.rollout.name=hf")
+TARGET = TrainingTarget(MODEL, TRAIN, VAL, OVERRIDES)
+TRAINER_MODULES = ("verl.trainer.main_ppo", "verl.workers.fsdp_workers",
+                   "verl.workers.rollout.hf_rollout", "verl.utils.dataset.rl_dataset")  # fmt: skip
+
+
+def overrides_sha(overrides=OVERRIDES) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(list(overrides)).encode()).hexdigest()
+
+
+def compose_json(**over) -> list[str]:
+    answer = {"config_dir": "/home/verl/verl/verl/trainer/config", "count": len(OVERRIDES),
+              "sha256": overrides_sha(), "ok": True} | over  # fmt: skip
+    return ["@@json " + json.dumps(answer), "@@rc 0"]
+
+
+def model_json(**over) -> list[str]:
+    answer = {"path": MODEL, "exists": True, "model_type": "qwen2", "tokens": 151665,
+              "files": ["config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json"]} | over  # fmt: skip
+    return ["@@json " + json.dumps(answer), "@@rc 0"]
+
+
+def trainer_json(**bad: dict) -> list[str]:
+    modules = {m: bad.get(m, {"ok": True}) for m in TRAINER_MODULES}
+    return ["@@json " + json.dumps({"modules": modules}), "@@rc 0"]
 
 
 def p40(bus: str, device: int = 0x1B38) -> PciGpu:
@@ -125,6 +156,10 @@ def sections(**over: list[str] | None) -> dict[str, list[str]]:
             ),
             "@@rc 0",
         ],
+        "trainer": trainer_json(),
+        "compose": compose_json(),
+        "model": model_json(),
+        "training-data": [f"found 3977 PAR1_ {TRAIN}", f"found 7061 PAR1_ {VAL}", "@@rc 0"],
         "apex-key": [f"key={APEX_KEY}", "@@rc 0"],
         "verl-git": [f"head={COMMIT}", f"ref={COMMIT}"]
         + [f"modified={f}" for f in PATCHED]
@@ -151,8 +186,10 @@ def sections(**over: list[str] | None) -> dict[str, list[str]]:
     return lines + ["@@end"]
 
 
-def checks_for(lines: list[str], gpus=GPUS, spec=SPEC, apex_key=APEX_KEY) -> dict[str, Check]:
-    result = run_checks(parse_probe(lines), spec, gpus, apex_key=apex_key)
+def checks_for(
+    lines: list[str], gpus=GPUS, spec=SPEC, apex_key=APEX_KEY, training=TARGET
+) -> dict[str, Check]:
+    result = run_checks(parse_probe(lines), spec, gpus, apex_key=apex_key, training=training)
     assert [c.name for c in result] == [n for n in CHECK_NAMES if n in {c.name for c in result}]
     return {c.name: c for c in result}
 
@@ -358,6 +395,92 @@ def test_nouveau_loaded():
     assert "allow_reboot" in checks["nouveau"].remedy
 
 
+# --- the training path -----------------------------------------------------------------------
+
+
+def test_training_path_pass_names_what_it_saw():
+    checks = checks_for(sections())
+    assert "verl.trainer.main_ppo" in checks["trainer modules"].detail
+    assert "2 overrides" in checks["launch overrides"].detail
+    assert MODEL in checks["model files"].detail and "qwen2" in checks["model files"].detail
+    assert TRAIN in checks["data files"].detail and VAL in checks["data files"].detail
+
+
+def test_missing_trainer_module_is_named_with_the_fix():
+    err = {"ok": False, "missing": "torchdata",
+           "error": "ModuleNotFoundError: No module named 'torchdata'"}  # fmt: skip
+    checks = checks_for(sections(trainer=trainer_json(**{"verl.trainer.main_ppo": err})))
+    assert only_failures(checks) == {"trainer modules"}
+    bad = checks["trainer modules"]
+    assert "verl.trainer.main_ppo" in bad.detail and "torchdata" in bad.detail
+    assert "verl.workers.fsdp_workers" not in bad.detail  # only the failing one
+    assert "torchdata" in bad.remedy and "files/verl-requirements-" in bad.remedy
+
+
+def test_trainer_import_that_kills_the_interpreter_fails():
+    checks = checks_for(sections(trainer=["! Segmentation fault", "@@rc 139"]))
+    assert checks["trainer modules"].status == FAIL
+    assert "exit 139" in checks["trainer modules"].detail
+
+
+def test_override_verl_refuses_is_named():
+    bad = {"+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32": "ConfigCompositionException: "
+           "Could not append to config. An item is already at 'model_dtype'"}  # fmt: skip
+    compose = compose_json(ok=False, error="ConfigCompositionException: ...", base_error=None,
+                           bad=bad)  # fmt: skip
+    checks = checks_for(sections(compose=compose))
+    assert only_failures(checks) == {"launch overrides"}
+    check = checks["launch overrides"]
+    assert "+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32" in check.detail
+    assert "p40fleet/launch.py" in check.remedy
+
+
+def test_composed_overrides_must_be_the_plans():
+    checks = checks_for(sections(compose=compose_json(sha256=overrides_sha(["x=1"]))))
+    assert checks["launch overrides"].status == FAIL
+    assert "other overrides" in checks["launch overrides"].detail
+
+
+def test_no_launch_plan_fails_with_the_reason():
+    target = TrainingTarget(MODEL, TRAIN, VAL, problem="memory size of device 0x1234 unknown")
+    checks = checks_for(sections(), training=target)
+    assert checks["launch overrides"].status == FAIL
+    assert "memory size of device 0x1234 unknown" in checks["launch overrides"].detail
+
+
+def test_model_dir_missing_or_incomplete_names_the_path():
+    gone = checks_for(sections(model=model_json(exists=False)))["model files"]
+    assert gone.status == FAIL and MODEL in gone.detail
+    assert "save the Hugging Face model into " + MODEL in gone.remedy  # no archive in the spec
+    lacking = checks_for(sections(model=model_json(files=["config.json", "tokenizer.json"])))
+    assert lacking["model files"].status == FAIL and "weights" in lacking["model files"].detail
+    tok = checks_for(sections(model=model_json(tokenizer_error="OSError: bad tokenizer.json")))
+    assert tok["model files"].status == FAIL and "bad tokenizer.json" in tok["model files"].detail
+
+
+def test_model_remedy_names_the_archive_when_the_spec_has_one():
+    archive = {"filename": "m.tar", "sha256": "a" * 64, "url": "https://example.org/m.tar"}
+    spec = load_spec("lab1", {"training": {"model": {"archive": archive}}})
+    check = checks_for(sections(model=model_json(exists=False)), spec=spec)["model files"]
+    assert "deploy/training.py" in check.remedy and "m.tar" in check.remedy
+
+
+def test_data_file_missing_empty_or_not_parquet_is_named():
+    data = [f"found 3977 PAR1_ {TRAIN}", f"missing={VAL}", "@@rc 0"]
+    check = checks_for(sections(**{"training-data": data}))["data files"]
+    assert check.status == FAIL and VAL in check.detail and TRAIN not in check.detail
+    assert "gsm8k.py --local_dir /home/verl/data/gsm8k" in check.remedy
+    data = [f"found 0 _ {TRAIN}", f"found 12 abcd_ {VAL}", "@@rc 0"]
+    check = checks_for(sections(**{"training-data": data}))["data files"]
+    assert f"{TRAIN} is empty" in check.detail and f"{VAL} is not a parquet" in check.detail
+
+
+def test_without_a_plan_the_training_checks_skip():
+    checks = checks_for(sections(), training=None)
+    for name in ("launch overrides", "model files", "data files"):
+        assert checks[name].status == SKIP
+
+
 # --- simulated host, no GPU, bad spec, broken probe ------------------------------------------
 
 
@@ -491,6 +614,10 @@ def _fake_host(tmp: Path) -> dict[str, str]:
         "verl_checkout": str(tmp / "verl"),
         "verl_ref": "v0.5.0",
         "patch_record": str(tmp / "verl" / ".p40fleet-patches.json"),
+        "model_path": str(tmp / "models" / "m"),
+        "train_file": str(tmp / "data" / "train.parquet"),
+        "val_file": str(tmp / "data" / "test.parquet"),
+        "overrides": (),
     }
 
 
@@ -588,3 +715,83 @@ def test_real_probe_does_not_ask_a_hanging_section_twice(tmp_path, monkeypatch):
     checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, apex_key=APEX_KEY)}
     assert "timed out" in checks["torch version"].detail
     assert checks["verl version"].status == PASS  # asked alone after the interpreter was stopped
+
+
+def _training_host(tmp: Path, params: dict) -> Path:
+    """Give the fake env the training path: verl's real Hydra config (the 0.5.0 sdist), hydra
+    and omegaconf (the controller's, through a .pth), trainer modules, a transformers stand-in,
+    and the lab's tiny model and GSM8K-format data unpacked where ``params`` names them."""
+    import site as site_mod
+    import tarfile
+
+    from p40lab import training_data
+    from tests.verl_sdist import extract_verl
+
+    site = next(Path(params["python"]).parents[1].glob("lib/python3*/site-packages"))
+    tree = extract_verl(tmp / "verl-0.5.0")
+    verl = site / "verl"
+    for package in ("trainer", "workers", "workers/rollout", "utils", "utils/dataset"):
+        (verl / package).mkdir(parents=True, exist_ok=True)
+        (verl / package / "__init__.py").write_text("")
+    (verl / "trainer" / "config").symlink_to(tree / "verl" / "trainer" / "config")
+    for module in TRAINER_MODULES:
+        (site / (module.replace(".", "/") + ".py")).write_text("")
+    (site / "transformers.py").write_text(
+        "import json, os\n"
+        "class AutoTokenizer:\n"
+        "    @staticmethod\n"
+        "    def from_pretrained(path):\n"
+        "        data = json.load(open(os.path.join(path, 'tokenizer.json')))\n"
+        "        return range(len(data['model']['vocab']) + len(data['added_tokens']))\n"
+    )
+    ours = [p for p in site_mod.getsitepackages() if (Path(p) / "hydra").is_dir()]
+    (site / "controller.pth").write_text("\n".join(ours) + "\n")
+    for name, data in training_data.archives().items():
+        archive = tmp / name
+        archive.write_bytes(data)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp / "unpacked")  # our own archive
+    Path(params["model_path"]).parent.mkdir(parents=True)
+    (tmp / "unpacked" / training_data.MODEL_NAME).rename(params["model_path"])
+    (tmp / "unpacked" / training_data.DATA_NAME).rename(Path(params["train_file"]).parent)
+    return site
+
+
+def test_real_probe_runs_the_training_path(tmp_path):
+    from p40fleet.launch import plan_launch
+
+    params = _fake_host(tmp_path)
+    site = _training_host(tmp_path, params)
+    plan = plan_launch(SPEC, [0x1B38] * 2)
+    params["overrides"] = plan.overrides
+    target = TrainingTarget(params["model_path"], params["train_file"], params["val_file"],
+                            plan.overrides)  # fmt: skip
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    answers = parse_probe(proc.stdout.splitlines())
+    assert answers.complete, proc.stdout + proc.stderr
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=target)}
+    for name in ("trainer modules", "launch overrides", "model files", "data files"):
+        assert checks[name].status == PASS, (name, checks[name].detail, proc.stdout[-3000:])
+    assert f"{len(plan.overrides)} overrides" in checks["launch overrides"].detail
+    assert "(512 tokens)" in checks["model files"].detail
+
+    # one override verl does not have, a trainer module that needs a missing package, a
+    # deleted data file: each FAIL names it
+    params["overrides"] = (*plan.overrides, "actor_rollout_ref.no_such_key=1")
+    bad_target = TrainingTarget(target.model_path, target.train_file, target.val_file,
+                                params["overrides"])  # fmt: skip
+    (site / "verl" / "trainer" / "main_ppo.py").write_text("import torchdata_not_here\n")
+    Path(params["val_file"]).unlink()
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    answers = parse_probe(proc.stdout.splitlines())
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=bad_target)}
+    overrides = checks["launch overrides"]
+    assert overrides.status == FAIL and overrides.detail.startswith(
+        "actor_rollout_ref.no_such_key=1: "
+    ), overrides.detail
+    assert plan.overrides[0] not in overrides.detail  # only the bad one is named
+    trainer = checks["trainer modules"]
+    assert trainer.status == FAIL and "verl.trainer.main_ppo" in trainer.detail
+    assert "torchdata_not_here" in trainer.remedy
+    data = checks["data files"]
+    assert data.status == FAIL and data.detail == f"missing: {params['val_file']}"

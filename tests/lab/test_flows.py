@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,32 @@ pytestmark = pytest.mark.lab
 PROVISIONED = ("lab1", "lab2", "lab3")
 ENV_PYTHON = "/home/verl/miniconda3/envs/verl-p40/bin/python"
 CUDNN_TAR = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
+TRAINING_CHECKS = ("trainer modules", "launch overrides", "model files", "data files")
+TRAINING_ARCHIVES = "/artifacts/p40lab-"  # p40lab.training_data's archives on the mirror
 
 
 CONTROLLER_CACHE: dict[str, str] = {}  # P40FLEET_CACHE for this module's runs (Apex wheels)
 
 
-def full(*args: str, stack_host: dict | None = None) -> runs.RunResult:
+def full(*args: str, stack_host: dict | None = None, report: Path | None = None,
+         deploy: str = "deploy/full.py") -> runs.RunResult:  # fmt: skip
     env = dict(CONTROLLER_CACHE)
     if stack_host:
         env["P40LAB_STACK_HOST"] = json.dumps(stack_host)
-    return runs.run("deploy/full.py", *args, env=env)
+    if report is not None:
+        env["P40FLEET_REPORT"] = str(report)
+    return runs.run(deploy, *args, env=env)
+
+
+def checks_of(report: Path, host: str) -> dict[str, dict]:
+    """The verify report's checks of ``host``: name -> {status, detail, remedy}."""
+    entry = json.loads(report.read_text())["hosts"][host]
+    return {c["name"]: c for c in entry["checks"]}
+
+
+def training_bytes(since: float) -> int:
+    """Bytes of the training model/data archives the mirror sent since ``since``."""
+    return mirror.bytes_served(since=since, path_prefix=TRAINING_ARCHIVES)
 
 
 def assert_converged(result: runs.RunResult, hosts=PROVISIONED) -> None:
@@ -63,8 +80,11 @@ def fleet(lab, tmp_path_factory):
     CONTROLLER_CACHE["P40FLEET_CACHE"] = str(tmp_path_factory.mktemp("controller-cache"))
     lab.down()
     lab.up()
-    first = full()
-    yield {"lab": lab, "first": first}
+    reports = tmp_path_factory.mktemp("reports")
+    since = time.time()
+    first = full(report=reports / "first.json")
+    yield {"lab": lab, "first": first, "reports": reports,
+           "first_training_bytes": training_bytes(since)}  # fmt: skip
     # the session's other modules expect a fresh default lab
     lab.down()
     lab.up()
@@ -80,6 +100,36 @@ def test_fresh_fleet_converges_and_verifies(fleet):
         assert lab.ssh(name, "test -e /sys/module/nouveau").returncode == 1  # gone after reboot
         nvcc = lab.ssh(name, "/usr/local/cuda/bin/nvcc --version").stdout
         assert "release 11.8, V11.8.89" in nvcc
+
+
+def test_fresh_fleet_passes_the_training_path_for_real(fleet):
+    """verl's trainer modules import, the host's own launch overrides compose with its verl,
+    and the lab's model and data, staged from the mirror, are where the script says."""
+    lab = fleet["lab"]
+    stack = lab.state["stack"]["training"]
+    for name in PROVISIONED:
+        checks = checks_of(fleet["reports"] / "first.json", name)
+        for check in TRAINING_CHECKS:
+            assert checks[check]["status"] == "PASS", (name, checks[check])
+        script = lab.ssh(name, "cat /home/verl/launch-ppo.sh", check=True).stdout
+        model = f"/home/verl/models/{stack['model']['name']}"
+        assert f"MODEL_PATH={model}" in script
+        assert f"TRAIN_FILE=/home/verl/data/{stack['data']['name']}/train.parquet" in script
+        owner = lab.ssh(name, f"stat -c %U {model}/config.json", check=True).stdout.strip()
+        assert owner == "verl"
+    # each host fetched both archives once
+    sizes = stack["model"]["archive"]["size"] + stack["data"]["archive"]["size"]
+    assert fleet["first_training_bytes"] == len(PROVISIONED) * sizes
+    # the model the lab serves loads with transformers in the lab env, and generates
+    load = (
+        f"{ENV_PYTHON} -c 'import sys, torch; from transformers import AutoTokenizer, "
+        "AutoModelForCausalLM as M; p = sys.argv[1]; t = AutoTokenizer.from_pretrained(p); "
+        'm = M.from_pretrained(p); ids = t.apply_chat_template([{"role": "user", '
+        '"content": "1+1?"}], add_generation_prompt=True, return_tensors="pt"); '
+        "print(m.generate(ids, max_new_tokens=4).shape[1] > ids.shape[1])' " + model
+    )
+    out = lab.ssh("lab1", load, timeout=300)
+    assert out.stdout.strip().endswith("True"), out.stdout + out.stderr
 
 
 def test_unsupported_gpu_refused_before_any_change(fleet):
@@ -110,7 +160,30 @@ def test_second_run_changes_nothing_and_downloads_nothing(fleet):
     assert_converged(second)
     for name in PROVISIONED:
         assert second.changed_operations(name) == [], name
-    assert second.bytes_served == 0
+    assert second.bytes_served == 0  # the model and data archives included
+
+
+def test_removed_data_file_fails_verify_then_is_restaged_from_the_cache(fleet):
+    lab, reports = fleet["lab"], fleet["reports"]
+    data = f"/home/verl/data/{lab.state['stack']['training']['data']['name']}"
+    lab.ssh("lab1", f"rm {data}/test.parquet", check=True)
+    verify = full(report=reports / "fault.json", deploy="deploy/verify.py")
+    assert verify.returncode != 0
+    print(f"deploy/verify.py (one probe per host, training path included): {verify.seconds:.1f} s")
+    check = checks_of(reports / "fault.json", "lab1")["data files"]
+    assert check["status"] == "FAIL" and check["detail"] == f"missing: {data}/test.parquet"
+    assert "deploy/training.py" in check["remedy"]
+    assert checks_of(reports / "fault.json", "lab2")["data files"]["status"] == "PASS"
+    since = time.time()
+    result = full()
+    assert_converged(result)
+    assert (
+        result.changed_operations("lab1")
+        == [op for op in result.changed_operations("lab1") if "Training data" in op]
+        != []
+    )
+    assert training_bytes(since) == 0  # unpacked again from the verified cache
+    assert lab.ssh("lab1", f"test -s {data}/test.parquet").returncode == 0
 
 
 def test_dry_run_with_a_verl_bump_changes_nothing_and_names_the_verl_steps(fleet):

@@ -1,0 +1,230 @@
+"""operations.training: staging decided from facts, the unpack script run for real, and the
+launch script planned from the model config read when the operation executes."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+
+import pytest
+
+from facts.host import FreeSpace, FreeSpaceInfo
+from facts.system import ArtifactFile, ArtifactState
+from facts.training import ModelConfig, StagedDir, StagedDirState
+from operations import training
+from p40fleet.launch import LaunchError, plan_launch
+from p40fleet.spec import load_spec
+from p40fleet.training import MARKER
+from p40lab import training_data
+from tests.opharness import at, run_op
+
+ARCHIVES = training_data.archives()
+MODEL_SUM = hashlib.sha256(ARCHIVES[training_data.MODEL_ARCHIVE]).hexdigest()
+DATA_SUM = hashlib.sha256(ARCHIVES[training_data.DATA_ARCHIVE]).hexdigest()
+MIRROR = "http://10.231.0.1:8111/artifacts"
+STACK = {
+    "mirror": {"artifacts_url": MIRROR},
+    "training": {
+        "model": {"name": "tiny-qwen2", "archive": {
+            "filename": training_data.MODEL_ARCHIVE, "sha256": MODEL_SUM}},
+        "data": {"name": "gsm8k-lab", "archive": {
+            "filename": training_data.DATA_ARCHIVE, "sha256": DATA_SUM}},
+    },
+}  # fmt: skip
+SPEC = load_spec("lab1", STACK)
+MODEL_DIR, DATA_DIR = "/home/verl/models/tiny-qwen2", "/home/verl/data/gsm8k-lab"
+MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+DATA_FILES = ("test.parquet", "train.parquet")
+CACHE = "/var/cache/p40fleet"
+
+
+def sh(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+
+
+def staged(which: str, marker: str | None = None, files=None) -> StagedDirState:
+    files = files if files is not None else (MODEL_FILES if which == "model" else DATA_FILES)
+    return StagedDirState(exists=True, marker=marker, files=tuple(files))
+
+
+def stage(which: str, state: StagedDirState, spec=SPEC, cached: bool = False):
+    path = f"{CACHE}/{getattr(spec.training, which).archive.filename}" if cached else None
+    sha = MODEL_SUM if which == "model" else DATA_SUM
+    artifact = ArtifactFile(1, 2, 1, 2, sha) if cached else ArtifactFile()
+    return run_op(
+        training.stage,
+        which=which,
+        spec=spec,
+        facts={
+            StagedDir: state,
+            (at(ArtifactState, path=path) if path else ArtifactState): artifact,
+            FreeSpace: FreeSpaceInfo(CACHE, "/var", "/", 10**12, 10**11),
+        },
+    )
+
+
+def test_staged_copy_with_the_pinned_sum_changes_nothing():
+    for which, sha in (("model", MODEL_SUM), ("data", DATA_SUM)):
+        r = stage(which, staged(which, sha))
+        assert not r.changed, r.commands
+        assert "is staged from" in r.noops[0]
+
+
+def test_not_staged_downloads_from_the_mirror_then_unpacks():
+    r = stage("model", StagedDirState())
+    assert any(f"{MIRROR}/{training_data.MODEL_ARCHIVE}" in c for c in r.commands), r.commands
+    assert any(MODEL_SUM in c for c in r.commands)  # the sum is checked before the rename
+    assert r.commands[-1].startswith("sh -c ") and "tar -xf" in r.commands[-1]
+
+
+def test_a_lost_file_is_unpacked_again_from_the_verified_cache():
+    r = stage("data", staged("data", DATA_SUM, files=["test.parquet"]), cached=True)
+    assert r.changed and not any("curl" in c for c in r.commands), r.commands
+    assert "lost train.parquet" in r.text
+
+
+def test_a_directory_the_admin_made_is_refused_not_overwritten():
+    r = stage("model", staged("model", None))
+    assert r.failures and not any("tar" in c for c in r.commands)
+    assert MODEL_DIR in r.failures[0] and "move" in r.failures[0]
+
+
+def test_a_new_archive_sum_replaces_the_staged_copy():
+    r = stage("model", staged("model", "b" * 64))
+    assert any("tar -xf" in c for c in r.commands)
+
+
+def test_no_archive_only_checks_presence():
+    spec = load_spec("lab1", {})
+    r = stage("data", StagedDirState(), spec=spec)
+    assert not r.changed and "has no archive" in r.text
+    r = stage("data", staged("data", None), spec=spec)
+    assert not r.changed and "no archive to stage" in r.noops[0]
+
+
+@pytest.mark.parametrize("which", ["model", "data"])
+def test_unpack_script_for_real_then_the_fact_says_staged(tmp_path, which):
+    """The unpack script against a real archive (paths moved into tmp, owner root)."""
+    archive = getattr(SPEC.training, which).archive
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / archive.filename).write_bytes(ARCHIVES[archive.filename])
+    script = training._unpack_script(
+        which, SPEC, f"{CACHE}/{archive.filename}", MODEL_DIR if which == "model" else DATA_DIR
+    )
+    home = tmp_path / "home"
+    script = script.replace(CACHE, str(cache)).replace("/home/verl", str(home))
+    script = script.replace("verl:verl", "root:root").replace("-o verl -g verl", "-o root -g root")
+    (home / "models").mkdir(parents=True)
+    dest = home / ("models/tiny-qwen2" if which == "model" else "data/gsm8k-lab")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.mkdir()  # an earlier copy (from an older archive): replaced whole
+    (dest / MARKER).write_text("b" * 64 + "\n")
+    (dest / "stale.txt").write_text("old")
+    proc = sh(script)
+    assert proc.returncode == 0, proc.stderr
+    state = StagedDir().process(sh(StagedDir().command(path=str(dest))).stdout.splitlines())
+    sha = MODEL_SUM if which == "model" else DATA_SUM
+    assert state.marker == sha and "stale.txt" not in state.files
+    assert not training.missing(SPEC, which, state), state
+    assert sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(".")) == []
+    if which == "model":
+        config = ModelConfig().process(
+            sh(ModelConfig().command(path=str(dest))).stdout.splitlines()
+        )
+        assert config["model_type"] == "qwen2" and config["vocab_size"] == 512
+
+
+def test_unpack_script_refuses_an_archive_without_the_data_files(tmp_path):
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("gsm8k-lab/other.parquet")
+        info.size = 4
+        tar.addfile(info, io.BytesIO(b"PAR1"))
+    (tmp_path / "d.tar").write_bytes(raw.getvalue())
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    script = training._unpack_script("data", SPEC, str(tmp_path / "d.tar"), DATA_DIR)
+    script = script.replace("/home/verl", str(home)).replace("verl:verl", "root:root")
+    proc = sh(script)
+    assert proc.returncode == 1
+    assert "does not hold the data files" in proc.stderr and "train.parquet" in proc.stderr
+    assert not (home / "data" / "gsm8k-lab").exists()
+    assert list((home / "data").iterdir()) == []  # the staging dir is gone too
+
+
+# --- the launch script ---------------------------------------------------------------------
+
+CONFIG = {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64}
+
+
+def launch(config, model_queued: bool, make_plan=None):
+    seen = []
+
+    def plan(model_config):
+        seen.append(model_config)
+        if make_plan is not None:
+            return make_plan(model_config)
+        return plan_launch(SPEC, [0x1B38] * 4, model_config=model_config)
+
+    r = run_op(
+        training.launch_script,
+        spec=SPEC,
+        make_plan=plan,
+        user_queued=True,
+        model_queued=model_queued,
+        facts={at(ModelConfig, path=MODEL_DIR): config},
+        default_facts=True,  # the script file is not there yet
+    )
+    return r, seen
+
+
+def test_launch_script_is_planned_from_the_staged_config():
+    r, seen = launch(CONFIG, model_queued=False)
+    assert seen == [CONFIG]
+    script = r.uploads["/home/verl/launch-ppo.sh"]
+    assert f"MODEL_PATH={MODEL_DIR}" in script
+    assert "TRAIN_FILE=/home/verl/data/gsm8k-lab/train.parquet" in script
+
+
+def test_before_staging_ran_the_script_waits_for_the_config():
+    """pyinfra's first pass: the model is staged later in this run; the body runs again then."""
+    r, seen = launch(None, model_queued=True)
+    assert seen == [] and len(r.commands) == 1
+    assert r.commands[0].startswith(f"test -s {MODEL_DIR}/config.json ||")
+    # on a host where config.json stays missing, the command stops it with the reason
+    proc = sh(r.commands[0].replace(MODEL_DIR, "/nonexistent"))
+    assert proc.returncode == 1 and "after staging the model" in proc.stderr
+
+
+def test_a_host_without_a_plan_is_refused():
+    def no_plan(config):
+        raise LaunchError("memory size of device 0x1234 unknown")
+
+    r, _ = launch(CONFIG, model_queued=False, make_plan=no_plan)
+    assert r.failures and "0x1234" in r.failures[0]
+
+
+def test_the_hosts_plan_is_made_from_its_own_facts():
+    """``host_plan`` / ``training_target`` with pyinfra's ``host`` (a context proxy)."""
+    from facts.gpu import PciGpus
+    from tests.test_checks import p40
+
+    targets = []
+
+    def op():
+        targets.append(training.training_target(SPEC))
+        yield from ()
+
+    run_op(
+        op,
+        facts={PciGpus: [p40("0000:00:06.0"), p40("0000:00:07.0")], ModelConfig: CONFIG},
+        default_facts=True,  # nvidia-smi: no answer, the catalog's size
+    )
+    (target,) = targets
+    assert target.problem is None and target.model_path == MODEL_DIR
+    assert "trainer.n_gpus_per_node=2" in target.overrides
+    assert target.train_file == f"{DATA_DIR}/train.parquet"
