@@ -8,8 +8,8 @@ its sha256-pinned archive when it has one (``operations.training.stage``: a re-r
 nothing) -> 3. the launch plan (``operations.training.host_plan``: GPU facts, the staged model's
 config.json, with a Ray head in the inventory every member's PCI GPUs:
 ``p40fleet.launch.cluster_shape``; ``p40fleet.launch``) -> the script in the training user's
-home. Changes nothing when all of it is already right. A host that cannot get a script is refused on its own; the
-others go on.
+home. Changes nothing when all of it is already right. A host that cannot get a script is
+refused on its own; the others go on.
 """
 
 from __future__ import annotations

@@ -21,8 +21,14 @@ __all__ = [
     "ENV_BROKEN",
     "ENV_MISSING",
     "ENV_OK",
+    "TOS_NO_CONDA",
+    "TOS_NO_PLUGIN",
+    "TOS_PLUGIN",
+    "TOS_UNKNOWN",
     "CondaInstall",
     "CondaState",
+    "CondaTos",
+    "CondaTosState",
     "Dist",
     "EnvDistributions",
     "EnvPython",
@@ -112,6 +118,59 @@ class CondaInstall(FactBase[CondaState]):
             if words and words[0] in (CONDA_MISSING, CONDA_BROKEN):
                 return CondaState(words[0])
         return CondaState(CONDA_BROKEN)
+
+
+TOS_PLUGIN = "plugin"  # `conda tos --help` works: conda-anaconda-tos is installed
+TOS_NO_PLUGIN = "no-plugin"  # `invalid choice: 'tos'`: a conda without it (Miniconda < 25.5.1)
+TOS_NO_CONDA = "no-conda"  # PREFIX/bin/conda missing or not executable (not installed yet)
+TOS_UNKNOWN = "unknown"  # conda failed some other way; ``detail`` has its last lines
+
+
+@dataclass(frozen=True)
+class CondaTosState:
+    """Whether the installed conda checks Anaconda's Terms of Service (the plugin is there)."""
+
+    state: str
+    detail: str | None = None
+
+
+class CondaTos(FactBase[CondaTosState]):
+    """
+    Returns the ``CondaTosState`` of ``PREFIX/bin/conda`` (runs ``conda tos --help``).
+
+    The ToS check is a plugin (``conda-anaconda-tos``, bundled from Miniconda 25.5.1); a conda
+    without it rejects the subcommand with argparse's ``invalid choice: 'tos'`` (exit 2).
+    """
+
+    @staticmethod
+    @override
+    def default() -> CondaTosState:
+        return CondaTosState(TOS_NO_CONDA)
+
+    @override
+    def command(self, prefix: str) -> StringCommand:
+        conda = QuoteString(f"{prefix.rstrip('/')}/bin/conda")
+        return StringCommand(
+            "if [ ! -x",
+            conda,
+            f"]; then echo '{_MARK} {TOS_NO_CONDA}';",
+            "elif out=$(",
+            conda,
+            f"tos --help 2>&1); then echo '{_MARK} {TOS_PLUGIN}';",
+            f'else echo "{_MARK} rc=$?"; printf "%s\\n" "$out" | tail -n 3; fi; true',
+        )
+
+    @override
+    def process(self, output: list[str]) -> CondaTosState:
+        marked = _marked(output)
+        if marked and marked[0] in (TOS_PLUGIN, TOS_NO_CONDA):
+            return CondaTosState(marked[0])
+        rest = [line for line in output if line.strip() and not line.startswith(_MARK)]
+        text = "\n".join(rest)
+        if "invalid choice: 'tos'" in text:
+            return CondaTosState(TOS_NO_PLUGIN)
+        rc = marked[0] if marked else "no marker"
+        return CondaTosState(TOS_UNKNOWN, f"conda tos --help failed ({rc}): {text}".strip())
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
 """Miniconda and the training env, run as the training user (``_su_user`` from the deploy).
 
 Installer: ``bash Miniconda3-….sh -b -p PREFIX`` when there is no prefix, ``-b -u -p PREFIX``
-when the prefix exists but ``bin/conda`` does not run. Since July 2025 a non-interactive
-``conda create`` on Anaconda's default channels needs the ToS accepted for ``pkgs/main`` and
-``pkgs/r``, or conda-forge (``--override-channels -c conda-forge``): spec.policy.conda_tos.
+when the prefix exists but ``bin/conda`` does not run.
+
+Anaconda's Terms of Service: a conda with the ``conda-anaconda-tos`` plugin (bundled from
+Miniconda 25.5.1) refuses a non-interactive ``conda create`` on the default channels until the
+ToS of ``pkgs/main`` and ``pkgs/r`` is accepted; the pinned py310_24.11.1-0 has no plugin, no
+``conda tos`` subcommand and no check. spec.policy.conda_tos: ``conda-forge`` (the default:
+``--override-channels -c conda-forge``, no ToS, no licence limit) or ``accept`` (the default
+channels; accepted only where the installed conda has the plugin: the ``CondaTos`` fact).
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.python_env import (
     ENV_OK,
+    TOS_NO_CONDA,
+    TOS_NO_PLUGIN,
+    TOS_PLUGIN,
     CondaInstall,
+    CondaTos,
     EnvPython,
     MarkerText,
     env_dir,
@@ -72,40 +81,65 @@ def miniconda(installer: str, prefix: str, force: bool = False, user: str | None
 
 
 @operation()
-def conda_tos(prefix: str, policy: str = "accept", user: str | None = None):
+def conda_tos(prefix: str, policy: str = "conda-forge", user: str | None = None):
     """
-    Accept Anaconda's ToS for the default channels once (policy ``accept``).
+    Accept Anaconda's ToS for the default channels once, where the installed conda checks it.
 
     + prefix: Miniconda prefix
     + policy: ``accept`` or ``conda-forge`` (nothing to accept: creates use conda-forge)
     + user: run the commands as this user (``su``); None = as connected
+
+    Decided from the installed conda (``conda tos --help``): without the plugin there is nothing
+    to accept and ``conda tos`` would fail (``invalid choice: 'tos'``), so nothing runs. Before
+    conda is installed (the installer runs earlier in this deploy) the same test runs on the
+    host, just before accepting.
     """
     if policy != "accept":
         host.noop(f"conda ToS policy {policy}: env is created from conda-forge")
         return
-    conda_ok = host.get_fact(CondaInstall, prefix=prefix).healthy
+    conda = _conda(prefix)
+    installed = host.get_fact(CondaInstall, prefix=prefix)
+    tos = host.get_fact(CondaTos, prefix=prefix)
     marker = f"{prefix.rstrip('/')}/{TOS_MARKER}"
-    recorded = set((host.get_fact(MarkerText, path=marker) or "").split())
-    # A (re)install in this run may have reset conda's ToS state: accept again then.
-    missing = [c for c in TOS_CHANNELS if c not in recorded or not conda_ok]
-    if not missing:
-        host.noop("Anaconda ToS already accepted for pkgs/main and pkgs/r")
-        return
-    for channel in missing:
+    accept = [
+        StringCommand(
+            QuoteString(conda), "tos accept --override-channels --channel", QuoteString(channel)
+        )
+        for channel in TOS_CHANNELS
+    ]
+    record = StringCommand(
+        "printf '%s\\n'", *(QuoteString(c) for c in TOS_CHANNELS), ">", QuoteString(marker)
+    )
+    if not installed.healthy or tos.state == TOS_NO_CONDA:
+        # Not installed (or broken) yet: the installer runs earlier in this deploy, so decide
+        # on the host; a (re)install may also have reset conda's ToS state.
+        host.log(f"conda at {prefix} is {installed.state}: ToS accepted if it has the plugin")
+        steps: list[StringCommand | str] = []
+        for command in [*accept, record]:
+            steps += [command, "&&"]
         yield as_user(
             user,
             StringCommand(
-                QuoteString(_conda(prefix)),
-                "tos accept --override-channels --channel",
-                QuoteString(channel),
+                "if", QuoteString(conda), "tos --help >/dev/null 2>&1; then", *steps[:-1], "; fi"
             ),
         )
-    yield as_user(
-        user,
-        StringCommand(
-            "printf '%s\\n'", *(QuoteString(c) for c in TOS_CHANNELS), ">", QuoteString(marker)
-        ),
-    )
+        return
+    if tos.state == TOS_NO_PLUGIN:
+        host.noop(
+            f"conda {installed.version or ''} at {prefix} has no ToS plugin "
+            "(conda-anaconda-tos): the default channels need no acceptance".replace("  ", " ")
+        )
+        return
+    if tos.state != TOS_PLUGIN:
+        # conda runs but `conda tos --help` failed oddly: accepting shows conda's own error
+        host.log(f"conda at {prefix}: {tos.detail}")
+    else:
+        recorded = set((host.get_fact(MarkerText, path=marker) or "").split())
+        if all(c in recorded for c in TOS_CHANNELS):
+            host.noop("Anaconda ToS already accepted for pkgs/main and pkgs/r")
+            return
+    for command in [*accept, record]:
+        yield as_user(user, command)
 
 
 def env_rebuild_reason(prefix: str, name: str, python_version: str) -> str | None:

@@ -23,7 +23,7 @@ from facts.verify import VerifyProbe
 from operations import apex, artifacts, cudnn, training
 from p40fleet import report
 from p40fleet.checks import FAIL, Check, host_verdict, run_checks
-from p40fleet.spec import StackSpec
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
 from p40fleet.verl_patches import RECORD_NAME
 
@@ -96,13 +96,30 @@ def summary_line(name: str, checks: list[Check]) -> str:
     )
 
 
+def _with_details(target, entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry with the host's GPU summary and the pins its spec sets (when both are known)."""
+    if "gpus" in entry:
+        return entry
+    try:
+        spec = spec_for_host(target)
+        gpus = list(target.get_fact(PciGpus))
+    except SpecError:
+        return entry  # its only check says why the spec is refused
+    except Exception:  # noqa: BLE001 - a host lost since its checks keeps them, without details
+        return entry
+    return {**entry, "gpus": report.gpu_summary(gpus, spec), "pins": report.spec_pins(spec)}
+
+
 def finish(entries: dict[str, Any]) -> dict[str, Any]:
-    """Add hosts that were never reached, print the table, write the JSON report."""
+    """Add hosts that were never reached and each host's GPUs and pins, print the table, write
+    the JSON report (with its provenance: time, inventory, p40fleet version)."""
     entries = dict(entries)
     for other in state.inventory:
         if state.is_host_in_limit(other) and other not in state.activated_hosts:
             entries.setdefault(other.name, report.unreachable_entry())
-    fleet = report.build_report(entries)
+        elif other.name in entries:
+            entries[other.name] = _with_details(other, entries[other.name])
+    fleet = report.build_report(entries, provenance=report.provenance())
     if os.environ.get(TABLE_ENV, "1") != "0":
         report.print_report(fleet)
     path = os.environ.get(report.REPORT_ENV)

@@ -68,6 +68,9 @@ class BranchSupport:
 
     archs: frozenset[str]
     excluded_ids: frozenset[int] = frozenset()
+    #: Architectures that gained device ids after the branch: an id of these that the catalog
+    #: lacks (recognised from pci.ids only) may be one the branch does not know.
+    open_archs: frozenset[str] = frozenset()
 
 
 # R525 supports Maxwell through Hopper H100, but not H200 / GH200 (Hopper ids
@@ -77,6 +80,7 @@ DRIVER_BRANCHES: dict[str, BranchSupport] = {
     "525": BranchSupport(
         archs=frozenset({MAXWELL, PASCAL, VOLTA, TURING, AMPERE, ADA, HOPPER}),
         excluded_ids=frozenset({0x2335, 0x2342}),
+        open_archs=frozenset({ADA, HOPPER}),
     ),
 }
 
@@ -102,7 +106,15 @@ def driver_supports(branch: str, model: GpuModel | None) -> tuple[bool, str]:
         return False, f"driver R{key} does not support {model.arch} GPUs like {label}"
     if model.pci_id in support.excluded_ids:
         return False, f"driver R{key} does not support {label}"
-    return True, f"driver R{key} supports {label}"
+    if model.derived_from is None:
+        return True, f"driver R{key} supports {label}"
+    if model.arch in support.open_archs:
+        return False, (
+            f"{label} is not in p40fleet/gpu_catalog.py ({model.derived_from}) and {model.arch} "
+            f"gained ids after driver R{key}: check NVIDIA's supported-chips list for R{key}, "
+            "then add the id to the catalog"
+        )
+    return True, f"driver R{key} supports {model.arch} GPUs like {label} ({model.derived_from})"
 
 
 @dataclass(frozen=True)
@@ -151,6 +163,17 @@ def _device_id(gpu: object) -> int:
     raise TypeError(f"not a GPU device id: {gpu!r}")
 
 
+def _model(gpu: object, device_id: int) -> GpuModel | None:
+    # a PCI fact carries its model (the catalog's, or one derived from the host's pci.ids name)
+    model = getattr(gpu, "model", None)
+    return model if isinstance(model, GpuModel) else lookup(device_id)
+
+
+def _unknown_label(gpus: Iterable[object], device_id: int) -> str:
+    name = next((getattr(g, "pci_name", None) for g in gpus if _device_id(g) == device_id), None)
+    return f"10de:{device_id:04x} (pci.ids: {name!r})" if name else f"10de:{device_id:04x}"
+
+
 def summarize_host(
     gpus: Iterable[int | object],
     *,
@@ -162,12 +185,13 @@ def summarize_host(
     The lowest capability picks the profile; any refused, unknown or
     driver-unsupported GPU refuses the whole host.
     """
-    ids = tuple(_device_id(gpu) for gpu in gpus)
-    models = [lookup(i) for i in ids]
+    items = list(gpus)
+    ids = tuple(_device_id(gpu) for gpu in items)
+    models = [_model(gpu, i) for gpu, i in zip(items, ids, strict=True)]
     unknown = tuple(sorted({i for i, m in zip(ids, models, strict=True) if m is None}))
     known = [m for m in models if m is not None]
 
-    counts = Counter(m.name for m in known)
+    counts = Counter(f"{m.name} ({m.derived_from})" if m.derived_from else m.name for m in known)
     labels = [f"{n}× {name}" for name, n in counts.items()]
     labels += [f"1× unknown 10de:{i:04x}" for i in ids if i in unknown]
 
@@ -190,8 +214,9 @@ def summarize_host(
         driver_ok = False
         refused = refused or (
             "unknown NVIDIA device id(s) "
-            + ", ".join(f"10de:{i:04x}" for i in unknown)
-            + ": add to p40fleet/gpu_catalog.py"
+            + ", ".join(_unknown_label(items, i) for i in unknown)
+            + ": neither p40fleet/gpu_catalog.py nor the chip family in the host's pci.ids "
+            "name knows it; add it to the catalog (or update pci.ids: apt install pci.ids)"
         )
 
     return HostGpuSummary(

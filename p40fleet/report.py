@@ -3,12 +3,22 @@
 JSON (written by ``deploy/verify.py`` to ``$P40FLEET_REPORT``, read by ``p40fleet.verify``)::
 
     {"format": 1,
+     "provenance": {"generated_at": "2026-11-30T19:40:02Z", "inventory": "/…/lab.py",
+                    "p40fleet_version": "0.1.0", "p40fleet_commit": "a45d7cd…",
+                    "controller": "ctl"},
+     "pins": {"driver": "525.147.05", "cuda": "11.8.0", …},      # the pins every host shares
      "hosts": {"lab1": {"verdict": "PASS", "checks": [
                   {"name": "torch version", "status": "PASS", "detail": "2.6.0+cu118 True (6, 1)",
-                   "remedy": ""}, ...]},
+                   "remedy": ""}, ...],
+                  "gpus": {"count": 4, "models": ["4× Tesla P40"], "lowest_cc": "6.1", …},
+                  "pins": {"driver": "525.147.05", …}},
                "lab9": {"verdict": "UNREACHABLE", "checks": [{"name": "connect", ...}]}},
      "summary": {"hosts": 2, "pass": 1, "fail": 0, "unreachable": 1, "verdict": "FAIL",
                  "checks": {"PASS": 17, "FAIL": 1, "SKIP": 3}}}
+
+``provenance``, ``pins`` and a host's ``gpus``/``pins`` tell two reports apart; a report
+without them (older, or a host never reached) is still valid. :func:`junit_xml` writes the
+same report as JUnit XML for CI systems (one ``testsuite`` per host, one ``testcase`` per check).
 
 Host verdicts: ``PASS`` (no check failed; SKIPs allowed), ``FAIL``, ``UNREACHABLE`` (pyinfra
 could not connect). The fleet passes only when every host passes: exit status 0, else 1
@@ -19,9 +29,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import subprocess
+import sys
 import tempfile
+import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,26 +47,38 @@ from rich.table import Table
 from rich.text import Text
 
 from p40fleet.checks import FAIL, PASS, SKIP, Check, host_verdict
+from p40fleet.profile import summarize_host
+from p40fleet.spec import StackSpec
 
 __all__ = [
     "EXIT_FAIL",
     "EXIT_OK",
     "EXIT_USAGE",
+    "INVENTORY_ENV",
     "REPORT_ENV",
     "UNREACHABLE",
     "ReportError",
     "build_report",
     "exit_code",
     "fleet_table",
+    "gpu_summary",
     "host_entry",
+    "inventory_from_argv",
+    "junit_xml",
     "load_report",
     "print_report",
+    "provenance",
+    "spec_pins",
     "unreachable_entry",
+    "write_junit",
     "write_report",
 ]
 
 #: Environment variable naming the JSON report file deploy/verify.py writes.
 REPORT_ENV = "P40FLEET_REPORT"
+#: Environment variable naming the inventory for the report (set by ``p40fleet.verify``).
+INVENTORY_ENV = "P40FLEET_INVENTORY"
+REPO = Path(__file__).resolve().parent.parent
 UNREACHABLE = "UNREACHABLE"
 VERDICTS = (PASS, FAIL, UNREACHABLE)
 REPORT_FORMAT = 1
@@ -62,10 +92,122 @@ class ReportError(ValueError):
     """A report file that is missing, not JSON, or not in this format."""
 
 
-def host_entry(checks: Iterable[Check]) -> dict[str, Any]:
-    """``{"verdict": PASS|FAIL, "checks": [...]}`` for one verified host."""
+def host_entry(
+    checks: Iterable[Check],
+    *,
+    gpus: Mapping[str, Any] | None = None,
+    pins: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """``{"verdict": PASS|FAIL, "checks": [...]}`` for one verified host (+ gpus, pins)."""
     checks = list(checks)
-    return {"verdict": host_verdict(checks), "checks": [c.to_dict() for c in checks]}
+    entry: dict[str, Any] = {
+        "verdict": host_verdict(checks),
+        "checks": [c.to_dict() for c in checks],
+    }
+    if gpus is not None:
+        entry["gpus"] = dict(gpus)
+    if pins is not None:
+        entry["pins"] = dict(pins)
+    return entry
+
+
+def spec_pins(spec: StackSpec) -> dict[str, str]:
+    """The versions a host's stack spec pins (artifacts with their sha256, refs with commits)."""
+    pins: dict[str, str] = {}
+    for name in ("driver", "cuda", "cudnn", "miniconda"):
+        artifact = getattr(spec, name)
+        pins[name] = artifact.version
+        pins[f"{name}.sha256"] = artifact.sha256
+    pins["python"] = spec.python_version
+    pins["torch"] = spec.torch.version
+    for extra in ("torchvision", "torchaudio"):
+        if (version := getattr(spec.torch, extra)) is not None:
+            pins[extra] = version
+    pins["torch.index_url"] = str(spec.torch.index_url)
+    for name in ("apex", "verl"):
+        pin = getattr(spec, name)
+        pins[name] = pin.ref
+        pins[f"{name}.commit"] = pin.commit
+    pins["conda_tos"] = spec.policy.conda_tos
+    return pins
+
+
+def gpu_summary(gpus: Sequence[Any], spec: StackSpec) -> dict[str, Any]:
+    """One host's GPUs for the report: models, capability, profile, the stack's verdict.
+
+    ``gpus`` are the PCI facts (``PciGpu``: an id the catalog lacks keeps the model derived
+    from the host's pci.ids name) or device ids.
+    """
+    summary = summarize_host(
+        gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
+    )
+    return {
+        "count": summary.gpu_count,
+        "models": list(summary.models),
+        "device_ids": [f"10de:{i:04x}" for i in summary.device_ids],
+        "lowest_cc": summary.capability_str if summary.lowest_capability else None,
+        "profile": summary.profile,
+        "driver_branch": summary.driver_branch,
+        "verdict": summary.verdict,
+    }
+
+
+# pyinfra's options that take a value (pyinfra 3 CLI): skipped when looking for the inventory
+_PYINFRA_VALUE_OPTIONS = frozenset(
+    "--limit --data --group-data --config --chdir --user --port --key --key-password "
+    "--password --sudo-user --su-user --shell-executable --parallel --fail-percent --retry "
+    "--retry-delay --debug-facts --debug-operations".split()
+)
+
+
+def inventory_from_argv(argv: Sequence[str]) -> str | None:
+    """The inventory argument of a ``pyinfra [options] INVENTORY OPERATIONS...`` command line."""
+    skip = False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg.startswith("-"):
+            skip = arg in _PYINFRA_VALUE_OPTIONS
+            continue
+        path = Path(arg)
+        return str(path.resolve()) if path.is_file() else arg
+    return None
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _version() -> str:
+    try:
+        return metadata.version("p40fleet")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def provenance(inventory: str | None = None, *, now: datetime | None = None) -> dict[str, Any]:
+    """Where and when a report was made: UTC time, inventory, p40fleet version and commit.
+
+    ``inventory`` defaults to ``$P40FLEET_INVENTORY``, else pyinfra's command line.
+    """
+    if inventory is None:
+        inventory = os.environ.get(INVENTORY_ENV) or inventory_from_argv(sys.argv)
+    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return {
+        "generated_at": moment.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "inventory": inventory,
+        "p40fleet_version": _version(),
+        "p40fleet_commit": _commit(),
+        "controller": socket.gethostname(),
+    }
 
 
 def unreachable_entry(reason: str = "pyinfra could not connect to this host") -> dict[str, Any]:
@@ -93,10 +235,26 @@ def _summary(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def build_report(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _common_pins(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The pins every host that has them agrees on (a pin set per host overrides it)."""
+    sets = [entry["pins"] for entry in hosts.values() if isinstance(entry.get("pins"), dict)]
+    if not sets:
+        return {}
+    return {k: v for k, v in sets[0].items() if all(other.get(k) == v for other in sets[1:])}
+
+
+def build_report(
+    hosts: Mapping[str, Mapping[str, Any]], *, provenance: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The report dict from ``{host name: host_entry(...) | unreachable_entry()}``."""
     ordered = {name: dict(hosts[name]) for name in sorted(hosts)}
-    return {"format": REPORT_FORMAT, "hosts": ordered, "summary": _summary(ordered)}
+    data: dict[str, Any] = {"format": REPORT_FORMAT}
+    if provenance is not None:
+        data["provenance"] = dict(provenance)
+        data["pins"] = _common_pins(ordered)
+    data["hosts"] = ordered
+    data["summary"] = _summary(ordered)
+    return data
 
 
 def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -220,3 +378,96 @@ def print_report(
 ) -> None:
     """Print :func:`fleet_table` (width 200 unless a console is given)."""
     (console or Console(width=200)).print(fleet_table(report, verbose=verbose))
+
+
+# ---------------------------------------------------------------------------- JUnit XML
+
+
+# characters XML 1.0 cannot carry (a host's output may hold terminal escapes)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _x(value: object) -> str:
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def _gpus_text(entry: Mapping[str, Any]) -> str | None:
+    gpus = entry.get("gpus")
+    if not isinstance(gpus, dict):
+        return None
+    models = ", ".join(gpus.get("models") or []) or "none"
+    return f"{models} (cc {gpus.get('lowest_cc') or '-'}, profile {gpus.get('profile') or '-'})"
+
+
+def junit_xml(report: Mapping[str, Any]) -> str:
+    """The report as JUnit XML: a ``testsuite`` per host, a ``testcase`` per check.
+
+    FAIL -> ``<failure message=detail>`` (the fix in its text), SKIP -> ``<skipped>``; an
+    unreachable host is a suite with its failed ``connect`` case. Provenance, pins and the
+    host's GPUs become ``<properties>``.
+    """
+    hosts = report.get("hosts") or {}
+    prov = report.get("provenance") or {}
+    root = ET.Element("testsuites", name="p40fleet verify")
+    totals = Counter()
+    for name in sorted(hosts):
+        entry = hosts[name]
+        checks = entry.get("checks") or []
+        counts = Counter(c["status"] for c in checks)
+        totals.update({"tests": len(checks), "failures": counts[FAIL], "skipped": counts[SKIP]})
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=_x(name),
+            hostname=_x(name),
+            tests=str(len(checks)),
+            failures=str(counts[FAIL]),
+            errors="0",
+            skipped=str(counts[SKIP]),
+            time="0",
+        )
+        if prov.get("generated_at"):
+            suite.set("timestamp", prov["generated_at"].removesuffix("Z"))
+        properties = ET.SubElement(suite, "properties")
+        props = [("verdict", entry.get("verdict", ""))]
+        if (gpus := _gpus_text(entry)) is not None:
+            props.append(("gpus", gpus))
+        props += [(f"provenance.{k}", v) for k, v in prov.items() if v is not None]
+        props += [(f"pin.{k}", v) for k, v in (entry.get("pins") or {}).items()]
+        for key, value in props:
+            ET.SubElement(properties, "property", name=_x(key), value=_x(value))
+        for check in checks:
+            case = ET.SubElement(
+                suite, "testcase", classname=_x(f"p40fleet.verify.{name}"), name=_x(check["name"])
+            )
+            case.set("time", "0")
+            detail = _x(check.get("detail", ""))
+            if check["status"] == FAIL:
+                failure = ET.SubElement(case, "failure", message=detail, type="FAIL")
+                remedy = _x(check.get("remedy") or "")
+                failure.text = f"{detail}\nfix: {remedy}" if remedy else detail
+            elif check["status"] == SKIP:
+                ET.SubElement(case, "skipped", message=detail)
+            else:
+                ET.SubElement(case, "system-out").text = detail
+    for key in ("tests", "failures", "skipped"):
+        root.set(key, str(totals[key]))
+    root.set("errors", "0")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write :func:`junit_xml` to ``path`` (atomically, like :func:`write_report`)."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".p40fleet-junit-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(junit_xml(report))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

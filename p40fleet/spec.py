@@ -490,7 +490,9 @@ class Policy(BaseModel):
     model_config = _FROZEN
 
     allow_reboot: bool = False
-    conda_tos: Literal["accept", "conda-forge"] = "accept"
+    # conda-forge: no ToS, and Anaconda's terms limit free use of its default channels by
+    # organisations of more than 200 people; "accept" uses those (ToS accepted where needed)
+    conda_tos: Literal["accept", "conda-forge"] = "conda-forge"
     force_reinstall: tuple[Literal[COMPONENTS], ...] = ()  # type: ignore[valid-type]
     allow_gcc_override: bool = False
     allow_maxwell: bool = False

@@ -1,9 +1,11 @@
 """``python -m p40fleet.verify``: verify a fleet, print one table, exit 0 / 1 / 2.
 
-    python -m p40fleet.verify INVENTORY [--json PATH] [--limit HOST]... [-v] [-q]
+    python -m p40fleet.verify INVENTORY [--json PATH] [--junit PATH] [--limit HOST]... [-v] [-q]
 
 Runs ``python -m pyinfra -y INVENTORY deploy/verify.py`` (read-only: it changes nothing) with
-the report path in ``$P40FLEET_REPORT``, then prints the fleet table from that report.
+the report path in ``$P40FLEET_REPORT``, then prints the fleet table from that report. The JSON
+report carries its provenance (UTC time, inventory, p40fleet version), the pins in force and
+each host's GPUs; ``--junit`` writes the same report as JUnit XML for CI systems.
 
 Exit status (the DeepOps validators' contract):
 
@@ -58,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", metavar="PATH", help="also write the JSON report to PATH")
     parser.add_argument(
+        "--junit",
+        metavar="PATH",
+        help="also write JUnit XML to PATH (a testsuite per host, a testcase per check)",
+    )
+    parser.add_argument(
         "--limit",
         metavar="HOST",
         action="append",
@@ -87,14 +94,14 @@ def _inventory_arg(value: str) -> str:
     return value  # a bare host name: pyinfra connects to it over SSH
 
 
-def _json_arg(value: str | None) -> Path | None:
+def _json_arg(value: str | None, option: str = "--json") -> Path | None:
     if value is None:
         return None
     path = Path(value).expanduser().resolve()
     if path.is_dir():
-        raise UsageError(f"--json {value} is a directory, expected a file path")
+        raise UsageError(f"{option} {value} is a directory, expected a file path")
     if not path.parent.is_dir():
-        raise UsageError(f"--json {value}: directory {path.parent} does not exist")
+        raise UsageError(f"{option} {value}: directory {path.parent} does not exist")
     return path
 
 
@@ -130,9 +137,10 @@ def _run_pyinfra(command: list[str], env: dict[str, str], quiet: bool) -> tuple[
     return rc, list(tail)
 
 
-def _env(report_path: Path) -> dict[str, str]:
+def _env(report_path: Path, inventory: str) -> dict[str, str]:
     env = dict(os.environ)
     env[report.REPORT_ENV] = str(report_path)
+    env[report.INVENTORY_ENV] = inventory  # the report's provenance
     env["P40FLEET_VERIFY_TABLE"] = "0"  # this CLI prints the table itself
     paths = [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -149,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         inventory = _inventory_arg(args.inventory)
         json_path = _json_arg(args.json)
+        junit_path = _json_arg(args.junit, "--junit")
     except UsageError as exc:
         return _fail(str(exc))
     if importlib.util.find_spec("pyinfra") is None:
@@ -160,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_path = Path(tmp) / "report.json"
         command = pyinfra_command(inventory, args.limit)
         try:
-            rc, tail = _run_pyinfra(command, _env(report_path), args.quiet)
+            rc, tail = _run_pyinfra(command, _env(report_path, inventory), args.quiet)
         except OSError as exc:
             return _fail(f"cannot run pyinfra: {exc}")
         if not report_path.is_file():
@@ -174,6 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if json_path is not None:
         report.write_report(fleet, json_path)
         print(f"report: {json_path}")
+    if junit_path is not None:
+        report.write_junit(fleet, junit_path)
+        print(f"junit: {junit_path}")
     code = report.exit_code(fleet)
     if code == report.EXIT_OK and rc != 0:
         print(

@@ -8,7 +8,8 @@ modules add ``simple/``, ``wheels/``, ``git/`` beside; this module owns ``artifa
     artifacts/NVIDIA-Linux-x86_64-525.125.06.run       older R525 driver (upgrade tests)
     artifacts/cuda_11.8.0_520.61.05_linux.run          CUDA runfile double (+ driver 520.61.05)
     artifacts/cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz   real tar.xz, deterministic
-    artifacts/Miniconda3-py310_24.11.1-0-Linux-x86_64.sh            installer double
+    artifacts/Miniconda3-py310_24.11.1-0-Linux-x86_64.sh            installer double (no ToS plugin)
+    artifacts/Miniconda3-py310_25.5.1-0-Linux-x86_64.sh             same, conda has `conda tos`
     artifacts/SHA256SUMS                               sha256sum format
     apt/{Packages,Packages.gz,Release,*.deb}           flat repo: linux-headers-<uname -r>,
                                                        build-essential
@@ -66,6 +67,10 @@ CUDA_DRIVER = "520.61.05"  # the driver bundled in cuda_11.8.0_520.61.05_linux.r
 CUDNN_VERSION = "8.9.7.29"
 MINICONDA_VERSION = "py310_24.11.1-0"
 CONDA_VERSION = "24.11.1"
+# A later Miniconda that bundles the conda-anaconda-tos plugin (from 25.5.1 on): an extra
+# artifact, for tests of the ToS decision against an installed conda that has `conda tos`.
+MINICONDA_TOS_VERSION = "py310_25.5.1-0"
+CONDA_TOS_VERSION = "25.5.1"
 # The real cuda_11.8.0_520.61.05_linux.run is 4336730777 bytes (~4.3 GB) and unpacks into
 # --tmpdir (default /tmp); the double demands that much free space unless the lab overrides it
 # (env P40LAB_CUDA_UNPACK_BYTES at mirror build time sets the baked default, at run time on the
@@ -81,7 +86,14 @@ def driver_filename(version: str) -> str:
 CUDA_FILENAME = f"cuda_{CUDA_VERSION}_{CUDA_DRIVER}_linux.run"
 CUDNN_TOP = f"cudnn-linux-x86_64-{CUDNN_VERSION}_cuda11-archive"
 CUDNN_FILENAME = f"{CUDNN_TOP}.tar.xz"
-MINICONDA_FILENAME = f"Miniconda3-{MINICONDA_VERSION}-Linux-x86_64.sh"
+
+
+def miniconda_filename(version: str) -> str:
+    return f"Miniconda3-{version}-Linux-x86_64.sh"
+
+
+MINICONDA_FILENAME = miniconda_filename(MINICONDA_VERSION)
+MINICONDA_TOS_FILENAME = miniconda_filename(MINICONDA_TOS_VERSION)
 
 
 def log(msg: str) -> None:
@@ -425,15 +437,23 @@ def build_cudnn(work: Path) -> bytes:
     return t.tar_bytes(top=CUDNN_TOP, compress="xz")
 
 
-def build_miniconda() -> bytes:
+def build_miniconda(
+    version: str = MINICONDA_VERSION, conda_version: str = CONDA_VERSION, tos_plugin: bool = False
+) -> bytes:
+    """The installer double; ``tos_plugin``: its conda has ``conda tos`` (Miniconda >= 25.5.1)."""
     t = Tree()
-    t.file("conda.py", fill(doubles.source("conda.py"), CONDA_VERSION=CONDA_VERSION), 0o755)
+    conda = fill(
+        doubles.source("conda.py"),
+        CONDA_VERSION=conda_version,
+        TOS_PLUGIN="yes" if tos_plugin else "no",
+    )
+    t.file("conda.py", conda, 0o755)
     t.file("conda.sh", doubles.source("conda.sh"))
     payload = t.tar_bytes()
     header = fill(
         doubles.source("miniconda-installer.sh"),
-        MC_VERSION=MINICONDA_VERSION,
-        CONDA_VERSION=CONDA_VERSION,
+        MC_VERSION=version,
+        CONDA_VERSION=conda_version,
     )
     header = header.replace("@SKIP@", str(header.count("\n") + 1))
     return header.encode() + payload
@@ -581,6 +601,9 @@ def build(
             CUDA_FILENAME: build_cuda(kr, work, unpack_bytes),
             CUDNN_FILENAME: build_cudnn(work),
             MINICONDA_FILENAME: build_miniconda(),
+            MINICONDA_TOS_FILENAME: build_miniconda(
+                MINICONDA_TOS_VERSION, CONDA_TOS_VERSION, tos_plugin=True
+            ),
         }
         for v in EXTRA_DRIVER_VERSIONS:
             products[driver_filename(v)] = build_driver(v, kr, work)
@@ -614,7 +637,8 @@ def build(
 
 def make_pins(mirror_dir: Path, base_url: str = BASE_URL) -> dict[str, Any]:
     """Pins shaped like StackSpec (driver/cuda/cudnn/miniconda = Artifact, mirror = Mirror
-    subset) plus ``extra_artifacts`` (alternate driver versions; not a StackSpec key)."""
+    subset) plus ``extra_artifacts`` (alternate driver versions, the Miniconda with the ToS
+    plugin; not a StackSpec key)."""
     adir = Path(mirror_dir) / "artifacts"
     return {
         "driver": _artifact(adir, base_url, driver_filename(DRIVER_VERSION), DRIVER_VERSION),
@@ -625,6 +649,11 @@ def make_pins(mirror_dir: Path, base_url: str = BASE_URL) -> dict[str, Any]:
         "extra_artifacts": {
             f"driver-{v}": _artifact(adir, base_url, driver_filename(v), v)
             for v in EXTRA_DRIVER_VERSIONS
+        }
+        | {
+            f"miniconda-{MINICONDA_TOS_VERSION}": _artifact(
+                adir, base_url, MINICONDA_TOS_FILENAME, MINICONDA_TOS_VERSION
+            )
         },
     }
 

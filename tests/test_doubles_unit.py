@@ -83,8 +83,11 @@ def test_mirror_layout_and_sums(built):
     assert pins["miniconda"]["filename"] == "Miniconda3-py310_24.11.1-0-Linux-x86_64.sh"
     assert pins["mirror"] == {"artifacts_url": "http://10.231.0.1:8111/artifacts"}
     assert "driver-525.125.06" in pins["extra_artifacts"]
+    tos = pins["extra_artifacts"]["miniconda-py310_25.5.1-0"]
+    assert tos["filename"] == "Miniconda3-py310_25.5.1-0-Linux-x86_64.sh"
+    assert hashlib.sha256((adir / tos["filename"]).read_bytes()).hexdigest() == tos["sha256"]
     sums = (adir / "SHA256SUMS").read_text().splitlines()
-    assert len(sums) == 5
+    assert len(sums) == 6
     for line in sums:
         digest, name = line.split("  ")
         assert hashlib.sha256((adir / name).read_bytes()).hexdigest() == digest
@@ -321,6 +324,121 @@ def test_dkms_status_format(tmp_path):
 def test_update_initramfs_usage_exit_code():
     r = subprocess.run(["sh", str(doubles.DOUBLES_DIR / "update-initramfs")], capture_output=True)
     assert r.returncode == 2 and b"Usage: update-initramfs" in r.stderr
+
+
+# ---------------------------------------------------------------- Miniconda doubles
+
+DEFAULT_CHANNELS = ("https://repo.anaconda.com/pkgs/main", "https://repo.anaconda.com/pkgs/r")
+
+
+@pytest.fixture(scope="module")
+def minicondas(tmp_path_factory):
+    """Both installer doubles, installed: the pinned 24.11.1 and 25.5.1 with the ToS plugin."""
+    root = tmp_path_factory.mktemp("miniconda")
+    prefixes = {}
+    for key, data in (
+        ("24.11.1", mirror.build_miniconda()),
+        (
+            "25.5.1",
+            mirror.build_miniconda(
+                mirror.MINICONDA_TOS_VERSION, mirror.CONDA_TOS_VERSION, tos_plugin=True
+            ),
+        ),
+    ):
+        installer = root / f"{key}.sh"
+        installer.write_bytes(data)
+        prefix = root / key
+        r = subprocess.run(
+            ["bash", str(installer), "-b", "-p", str(prefix)], capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        prefixes[key] = prefix
+    host_py = subprocess.run(
+        ["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    return prefixes, host_py
+
+
+def conda(prefix: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "CONDA_PLUGINS_AUTO_ACCEPT_TOS"}
+    return subprocess.run(
+        [str(prefix / "bin/conda"), *args],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, env=environ | env,
+    )  # fmt: skip
+
+
+def test_conda_24_11_1_has_no_tos_subcommand(minicondas):
+    prefixes, _ = minicondas
+    prefix = prefixes["24.11.1"]
+    assert conda(prefix, "--version").stdout.strip() == "conda 24.11.1"
+    for args in (["tos", "--help"], ["tos", "accept", "--override-channels", "--channel",
+                                      DEFAULT_CHANNELS[0]]):  # fmt: skip
+        r = conda(prefix, *args)
+        assert r.returncode == 2  # argparse's exit code
+        usage, error = r.stderr.splitlines()
+        assert usage == "usage: conda [-h] [-v] [--no-plugins] [-V] COMMAND ..."
+        assert error.startswith(
+            "conda: error: argument COMMAND: invalid choice: 'tos' (choose from 'activate', "
+        )
+        assert "'create'" in error and "'tos'" not in error.split("(choose from")[1]
+        assert r.stdout == ""
+
+
+def test_conda_24_11_1_creates_on_defaults_without_tos(minicondas):
+    prefixes, host_py = minicondas
+    prefix = prefixes["24.11.1"]
+    r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y")
+    assert r.returncode == 0, r.stderr
+    assert "CondaToS" not in r.stderr
+    assert (prefix / "envs/e/bin/python").exists()
+
+
+def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas):
+    prefixes, host_py = minicondas
+    prefix = prefixes["25.5.1"]
+    assert conda(prefix, "--version").stdout.strip() == "conda 25.5.1"
+    r = conda(prefix, "tos", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: conda tos")
+    r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y")
+    assert r.returncode == 1
+    assert r.stderr.startswith("CondaToSNonInteractiveError: Terms of Service have not been")
+    assert all(c in r.stderr for c in DEFAULT_CHANNELS)
+    # conda-forge and the plugin's own switch get past the check (to the solver: no such python)
+    forge = ["--override-channels", "-c", "conda-forge"]
+    r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y", *forge)
+    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+    r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y",
+              CONDA_PLUGINS_AUTO_ACCEPT_TOS="yes")  # fmt: skip
+    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+    for channel in DEFAULT_CHANNELS:
+        r = conda(prefix, "tos", "accept", "--override-channels", "--channel", channel)
+        assert r.returncode == 0, r.stderr
+    r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y")
+    assert r.returncode == 0, r.stderr
+    assert (prefix / "envs/e/bin/python").exists()
+
+
+def test_conda_tos_fact_tells_the_doubles_apart(minicondas, tmp_path):
+    from facts.python_env import CondaTos
+
+    prefixes, _ = minicondas
+
+    def fact(prefix: Path):
+        command = str(CondaTos().command(prefix=str(prefix)))
+        r = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True)
+        assert r.returncode == 0
+        return CondaTos().process(r.stdout.splitlines())
+
+    assert fact(prefixes["24.11.1"]).state == "no-plugin"
+    assert fact(prefixes["25.5.1"]).state == "plugin"
+    assert fact(tmp_path / "none").state == "no-conda"
+    broken = tmp_path / "broken/bin"
+    broken.mkdir(parents=True)
+    (broken / "conda").write_text("#!/bin/sh\necho 'Traceback: boom' >&2; exit 1\n")
+    (broken / "conda").chmod(0o755)
+    odd = fact(tmp_path / "broken")
+    assert odd.state == "unknown" and "rc=1" in odd.detail and "boom" in odd.detail
 
 
 # ---------------------------------------------------------------- server

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from facts.gpu import (
+    PCI_NAME_MARKER,
     SMI_FIELDS,
     SMI_FIELDS_R470,
     SMI_MARKER,
@@ -15,6 +16,7 @@ from facts.gpu import (
     PciGpus,
     normalize_bus_id,
 )
+from p40fleet.profile import summarize_host
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 
@@ -112,8 +114,76 @@ def test_pci_command_never_fails(tmp_path):
 
 def test_pci_command_is_plain_sh():
     command = PciGpus().command()
-    for tool in ("lspci", "python", "awk", "sed"):
+    for tool in ("lspci", "python", "sed"):
         assert tool not in command
+    # awk reads the optional pci.ids name only, and only where the host has it
+    assert "command -v awk >/dev/null 2>&1; then" in command
+
+
+def test_pci_command_without_awk_or_pciids(tmp_path):
+    devices = _p40x4_tree(tmp_path)
+    bin_dir = tmp_path / "bin"  # a PATH with cat alone: no awk
+    bin_dir.mkdir()
+    (bin_dir / "cat").symlink_to("/bin/cat")
+    command = PciGpus().command(devices_dir=str(devices), pci_ids=str(PCI_IDS_EXCERPT))
+    rc, lines = run_sh(command, env={"PATH": str(bin_dir)})
+    assert rc == 0
+    assert not [line for line in lines if line.startswith(PCI_NAME_MARKER)]
+    gpus = PciGpus().process(lines)
+    assert len(gpus) == 4 and {g.model.name for g in gpus} == {"Tesla P40"}
+    rc, lines = run_sh(PciGpus().command(devices_dir=str(devices), pci_ids="/nonexistent"))
+    assert rc == 0 and all(g.pci_name is None for g in PciGpus().process(lines))
+
+
+PCI_IDS_EXCERPT = FIXTURES / "pciids-excerpt-debian-2023.04.11.ids"
+
+
+def _mixed_tree(root: Path) -> Path:
+    devices = root / "sys/bus/pci/devices"
+    for bus, device in (
+        ("0000:04:00.0", "0x1b38"),  # Tesla P40: in the catalog
+        ("0000:05:00.0", "0x1b39"),  # Tesla P10: only pci.ids names it
+        ("0000:06:00.0", "0x0008"),  # NV1: named, but no capability for that family
+        ("0000:07:00.0", "0x0724"),  # an Emulex id in pci.ids, not an NVIDIA one
+    ):
+        _fake_function(devices, bus, vendor="0x10de", device=device, **{"class": "0x030200"})
+    return devices
+
+
+def test_pci_names_from_the_hosts_pciids(tmp_path):
+    command = PciGpus().command(
+        devices_dir=str(_mixed_tree(tmp_path)), pci_ids=f"/nonexistent {PCI_IDS_EXCERPT}"
+    )
+    rc, lines = run_sh(command)
+    assert rc == 0
+    assert sorted(line for line in lines if line.startswith(PCI_NAME_MARKER)) == [
+        f"{PCI_NAME_MARKER} 0008 NV1 [STG2000X-B Series]",
+        f"{PCI_NAME_MARKER} 1b38 GP102GL [Tesla P40]",
+        f"{PCI_NAME_MARKER} 1b39 GP102GL [Tesla P10]",
+    ]
+    p40, p10, nv1, other = PciGpus().process(lines)
+    assert p40.model.name == "Tesla P40" and p40.model.derived_from is None
+    assert p40.identity == "Tesla P40 10de:1b38"
+    assert p10.model.compute_capability == (6, 1)
+    assert p10.identity == "Tesla P10 10de:1b39 (cc from chip family GP102 in pci.ids name)"
+    assert nv1.model is None and nv1.pci_name == "NV1 [STG2000X-B Series]"
+    assert "unknown 10de:0008 (pci.ids name 'NV1 [STG2000X-B Series]'" in nv1.identity
+    assert other.model is None and other.pci_name is None
+    summary = summarize_host([p40, p10, nv1, other])
+    assert not summary.ok
+    assert "10de:0008 (pci.ids: 'NV1 [STG2000X-B Series]'), 10de:0724:" in summary.refused
+    assert summarize_host([p40, p10]).profile == "pascal"
+
+
+def test_pci_name_lines_are_not_gpus():
+    lines = [
+        "0000:04:00.0 0x10de 0x1e89 0x030000 - -",
+        f"{PCI_NAME_MARKER} 1e89 TU104 [GeForce RTX 2060]",
+        f"{PCI_NAME_MARKER} zz junk",
+        f"{PCI_NAME_MARKER} 1b38",
+    ]
+    (gpu,) = PciGpus().process(lines)
+    assert gpu.model.name == "GeForce RTX 2060" and gpu.model.compute_capability == (7, 5)
 
 
 def test_pci_garbage_lines():

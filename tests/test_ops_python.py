@@ -11,6 +11,8 @@ from pyinfra.facts.server import Groups, Os, Users, Which
 from facts.python_env import (
     CondaInstall,
     CondaState,
+    CondaTos,
+    CondaTosState,
     Dist,
     EnvDistributions,
     EnvPython,
@@ -86,24 +88,67 @@ def test_miniconda_fresh_broken_healthy():
     assert not ok.changed and ok.noops
 
 
-def test_tos_accept_once():
-    todo = run_op(
-        conda.conda_tos,
-        prefix=PREFIX,
-        facts={CondaInstall: CondaState("healthy"), MarkerText: None},
-    )
-    assert todo.commands[:2] == [
-        f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/main",
-        f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/r",
+ACCEPT = [
+    f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/main",
+    f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/r",
+]
+RECORD = (
+    "printf '%s\\n' https://repo.anaconda.com/pkgs/main https://repo.anaconda.com/pkgs/r > "
+    f"{PREFIX}/.p40fleet-conda-tos"
+)
+
+
+HEALTHY_25 = CondaState("healthy", "25.5.1")
+
+
+def _tos(tos, marker=None, conda_state=HEALTHY_25, **kw):
+    facts = {CondaInstall: conda_state, CondaTos: tos, MarkerText: marker}
+    return run_op(conda.conda_tos, prefix=PREFIX, policy="accept", facts=facts, **kw)
+
+
+def test_tos_accept_once_where_conda_has_the_plugin():
+    todo = _tos(CondaTosState("plugin"))
+    assert todo.commands == [*ACCEPT, RECORD]
+    done = _tos(CondaTosState("plugin"), marker="\n".join(conda.TOS_CHANNELS))
+    assert not done.changed and "already accepted" in done.noops[0]
+    half = _tos(CondaTosState("plugin"), marker=conda.TOS_CHANNELS[0])
+    assert half.commands == [*ACCEPT, RECORD]
+
+
+def test_tos_nothing_to_accept_on_the_pinned_24_11_1():
+    # Miniconda py310_24.11.1-0 predates conda-anaconda-tos: `conda tos` is an invalid choice,
+    # so running `conda tos accept` would fail the host; nothing runs.
+    result = _tos(CondaTosState("no-plugin"), conda_state=CondaState("healthy", "24.11.1"))
+    assert not result.changed
+    assert result.noops == [
+        f"conda 24.11.1 at {PREFIX} has no ToS plugin (conda-anaconda-tos): "
+        "the default channels need no acceptance"
     ]
-    done = run_op(
-        conda.conda_tos,
-        prefix=PREFIX,
-        facts={CondaInstall: CondaState("healthy"), MarkerText: "\n".join(conda.TOS_CHANNELS)},
+
+
+def test_tos_decided_on_the_host_before_conda_is_installed():
+    result = _tos(CondaTosState("no-conda"), conda_state=CondaState("missing"))
+    (command,) = result.commands
+    assert command == (
+        f"if {PREFIX}/bin/conda tos --help >/dev/null 2>&1; then "
+        f"{ACCEPT[0]} && {ACCEPT[1]} && {RECORD} ; fi"
     )
-    assert not done.changed
+    assert any("missing" in line for line in result.logs)
+    as_verl = _tos(CondaTosState("no-conda"), conda_state=CondaState("missing"), user="verl")
+    assert as_verl.commands[0].startswith("su -s /bin/sh verl -c 'if ")
+
+
+def test_tos_odd_failure_accepts_so_conda_says_why():
+    result = _tos(CondaTosState("unknown", "conda tos --help failed (rc=1): Traceback"))
+    assert result.commands == [*ACCEPT, RECORD]
+    assert any("Traceback" in line for line in result.logs)
+
+
+def test_tos_conda_forge_policy_needs_nothing():
     forge = run_op(conda.conda_tos, prefix=PREFIX, policy="conda-forge")
-    assert not forge.changed
+    assert not forge.changed and "conda-forge" in forge.noops[0]
+    default = run_op(conda.conda_tos, prefix=PREFIX)  # the default policy is conda-forge
+    assert not default.changed
 
 
 def _env(state, **kw):

@@ -108,3 +108,131 @@ def test_verbose_table_has_every_check():
 def test_all_pass_table():
     text = _render(report.build_report({"lab1": report.host_entry([GOOD[0]])}))
     assert "1/1 hosts pass" in text and "all checks pass" in text
+
+
+# -- provenance, pins, GPUs --------------------------------------------------------------------
+
+
+def _p40(bus: str, device: int = 0x1B38, name: str | None = None):
+    from facts.gpu import PciGpu
+    from p40fleet.gpu_catalog import resolve
+
+    return PciGpu(bus, 0x10DE, device, 0x030200, 0x10DE, 0x11D9, resolve(device, name), name)
+
+
+def test_provenance_is_utc_with_inventory_and_version(monkeypatch):
+    from datetime import datetime, timedelta, timezone
+
+    monkeypatch.delenv(report.INVENTORY_ENV, raising=False)
+    cest = timezone(timedelta(hours=2))
+    prov = report.provenance("/srv/inv/lab.py", now=datetime(2026, 5, 1, 12, 0, 5, tzinfo=cest))
+    assert prov["generated_at"] == "2026-05-01T10:00:05Z"
+    assert prov["inventory"] == "/srv/inv/lab.py"
+    assert prov["p40fleet_version"] == "0.1.0"
+    assert prov["controller"]
+    monkeypatch.setenv(report.INVENTORY_ENV, "/from/env.py")
+    assert report.provenance()["inventory"] == "/from/env.py"
+    assert report.provenance()["generated_at"].endswith("Z")
+
+
+def test_inventory_from_pyinfra_argv(tmp_path):
+    inv = tmp_path / "lab.py"
+    inv.write_text("hosts = []\n")
+    argv = ["pyinfra", "-y", "--limit", "lab1", "--data", "x=1", str(inv), "deploy/verify.py"]
+    assert report.inventory_from_argv(argv) == str(inv)
+    assert report.inventory_from_argv(["pyinfra", "-y", "@local", "deploy/verify.py"]) == "@local"
+    assert report.inventory_from_argv(["pyinfra", "-y"]) is None
+
+
+def test_spec_pins_and_gpu_summary():
+    from p40fleet.spec import load_spec
+
+    spec = load_spec("lab1", {})
+    pins = report.spec_pins(spec)
+    assert pins["driver"] == "525.147.05" and len(pins["driver.sha256"]) == 64
+    assert pins["cuda"] == "11.8.0" and pins["python"] == "3.10.12"
+    assert pins["torch"] == "2.6.0+cu118" and pins["verl"] == "v0.5.0"
+    assert len(pins["verl.commit"]) == 40 and pins["apex"] == "25.09"
+    gpus = report.gpu_summary(
+        [_p40("0000:04:00.0"), _p40("0000:05:00.0", 0x1B39, "GP102GL [Tesla P10]")], spec
+    )
+    assert gpus == {
+        "count": 2,
+        "models": ["1× Tesla P40", "1× Tesla P10 (cc from chip family GP102 in pci.ids name)"],
+        "device_ids": ["10de:1b38", "10de:1b39"],
+        "lowest_cc": "6.1",
+        "profile": "pascal",
+        "driver_branch": "525",
+        "verdict": "ready",
+    }
+    assert report.gpu_summary([], spec)["verdict"] == "refused: no NVIDIA GPU found"
+
+
+def _fleet_with_provenance():
+    from p40fleet.spec import load_spec
+
+    pins = report.spec_pins(load_spec("lab1", {}))
+    other = {**pins, "driver": "525.125.06"}
+    gpus = {"count": 4, "models": ["4× Tesla P40"], "lowest_cc": "6.1", "profile": "pascal"}
+    return report.build_report(
+        {
+            "lab1": report.host_entry(GOOD, gpus=gpus, pins=pins),
+            "lab2": report.host_entry(BAD, gpus=gpus, pins=other),
+            "lab9": report.unreachable_entry(),
+        },
+        provenance={"generated_at": "2026-11-30T19:40:02Z", "inventory": "/x/lab.py"},
+    )
+
+
+def test_report_carries_provenance_pins_and_gpus(tmp_path):
+    data = _fleet_with_provenance()
+    assert data["provenance"]["inventory"] == "/x/lab.py"
+    assert "driver" not in data["pins"]  # the hosts differ: each host's own pins say which
+    assert data["pins"]["cuda"] == "11.8.0"
+    assert data["hosts"]["lab2"]["pins"]["driver"] == "525.125.06"
+    assert data["hosts"]["lab1"]["gpus"]["models"] == ["4× Tesla P40"]
+    assert "gpus" not in data["hosts"]["lab9"]
+    path = tmp_path / "r.json"
+    report.write_report(data, path)
+    assert report.load_report(path) == data
+    assert "provenance" not in fleet()  # a report without it stays valid
+
+
+def test_junit_xml_parses_with_a_suite_per_host(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    path = tmp_path / "ci" / "verify.xml"
+    report.write_junit(_fleet_with_provenance(), path)
+    root = ET.parse(path).getroot()
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("5", "2", "1")
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert list(suites) == ["lab1", "lab2", "lab9"]
+    lab1, lab2, lab9 = suites["lab1"], suites["lab2"], suites["lab9"]
+    assert (lab1.get("tests"), lab1.get("failures"), lab1.get("skipped")) == ("2", "0", "1")
+    assert lab1.get("timestamp") == "2026-11-30T19:40:02"
+    props = {p.get("name"): p.get("value") for p in lab1.find("properties")}
+    assert props["verdict"] == "PASS"
+    assert props["gpus"] == "4× Tesla P40 (cc 6.1, profile pascal)"
+    assert props["provenance.inventory"] == "/x/lab.py"
+    assert props["pin.driver"] == "525.147.05"
+    cases = {c.get("name"): c for c in lab1.findall("testcase")}
+    assert cases["torch version"].find("failure") is None
+    assert cases["torch cuda"].find("skipped").get("message").startswith("simulated host")
+    (nvcc,) = [c for c in lab2.findall("testcase") if c.get("name") == "nvcc"]
+    failure = nvcc.find("failure")
+    assert failure.get("message") == "nvcc: release 12.1, V12.1.105, expected release 11.8"
+    assert failure.text.endswith("fix: reinstall cuda")
+    (connect,) = lab9.findall("testcase")
+    assert connect.get("name") == "connect" and connect.find("failure") is not None
+    assert nvcc.get("classname") == "p40fleet.verify.lab2"
+
+
+def test_junit_escapes_what_hosts_print():
+    import xml.etree.ElementTree as ET
+
+    odd = [Check("probe", FAIL, 'bad <tag> & "quote"\x1b', "fix <it> & retry")]
+    xml = report.junit_xml(report.build_report({"h&<1>": report.host_entry(odd)}))
+    case = ET.fromstring(xml.encode()).find("testsuite/testcase")
+    message = case.find("failure").get("message")
+    assert message == 'bad <tag> & "quote"\\x1b'

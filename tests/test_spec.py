@@ -98,7 +98,7 @@ def test_defaults_are_the_stack_facts_pins():
     assert spec.env.model_dir == "/home/verl/models"
     assert spec.mirror is None
     assert spec.policy.allow_reboot is False
-    assert spec.policy.conda_tos == "accept"
+    assert spec.policy.conda_tos == "conda-forge"  # no ToS, no licence limit
     assert tuple(spec.policy.force_reinstall) == ()
     assert spec.policy.allow_gcc_override is False
     assert spec.policy.allow_maxwell is False
@@ -456,7 +456,7 @@ def test_lab_inventory_validates_for_every_host():
     assert spec_for_host(hosts["p40-01"]).policy.allow_reboot is False
     assert spec_for_host(hosts["p40-03"]).policy.allow_reboot is True
     assert spec_for_host(hosts["p40-03"]).paths.artifact_cache == "/data/p40fleet-cache"
-    assert spec_for_host(hosts["p40-03"]).policy.conda_tos == "accept"
+    assert spec_for_host(hosts["p40-03"]).policy.conda_tos == "conda-forge"
 
 
 def test_group_data_exports_only_stack_and_no_secret():

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,13 @@ def test_json_into_missing_dir_is_2(tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
+def test_junit_into_missing_dir_or_dir_is_2(tmp_path):
+    proc = run_cli("@local", "--junit", str(tmp_path / "no" / "such" / "j.xml"))
+    assert proc.returncode == 2 and "--junit" in proc.stderr and "does not exist" in proc.stderr
+    proc = run_cli("@local", "--junit", str(tmp_path))
+    assert proc.returncode == 2 and "is a directory" in proc.stderr
+
+
 def test_pyinfra_failing_before_verifying_is_2(tmp_path):
     inventory = tmp_path / "inventory.py"
     inventory.write_text("this is not python\n")
@@ -71,10 +80,20 @@ def test_pyinfra_failing_before_verifying_is_2(tmp_path):
 
 def test_local_without_gpu_is_1_with_report(tmp_path):
     out = tmp_path / "report.json"
-    proc = run_cli("@local", "--json", str(out))
+    junit = tmp_path / "junit.xml"
+    proc = run_cli("@local", "--json", str(out), "--junit", str(junit))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
+    prov = data["provenance"]
+    assert prov["inventory"] == "@local" and prov["p40fleet_version"] == "0.1.0"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", prov["generated_at"])
+    assert data["pins"]["driver"] == "525.147.05" and data["pins"]["cuda"] == "11.8.0"
     host = data["hosts"]["@local"]
+    assert host["gpus"]["count"] == 0 and host["gpus"]["verdict"].startswith("refused")
+    assert host["pins"] == data["pins"]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("name") == "@local" and int(suite.get("failures")) >= 1
+    assert f"junit: {junit}" in proc.stdout
     assert host["verdict"] == "FAIL"
     gpus = next(c for c in host["checks"] if c["name"] == "gpus")
     assert gpus["status"] == "FAIL" and "no NVIDIA GPU" in gpus["detail"]
@@ -124,6 +143,7 @@ checks = [Check("torch version", "PASS", "2.6.0+cu118 True (6, 1)"),
 report.write_report(report.build_report({"lab1": report.host_entry(checks)}),
                     os.environ["P40FLEET_REPORT"])
 print("fake pyinfra args:", " ".join(sys.argv[1:]))
+print("fake pyinfra inventory env:", os.environ.get("P40FLEET_INVENTORY"))
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 """
 
@@ -151,7 +171,20 @@ def test_all_pass_is_0(fake_pyinfra, tmp_path, capsys):
     assert code == 0
     assert "fake pyinfra args: @local --limit lab1 --limit lab2" in printed
     assert "1/1 hosts pass" in printed
+    assert "fake pyinfra inventory env: @local" in printed  # for the report's provenance
     assert report.load_report(out)["summary"]["verdict"] == PASS
+
+
+def test_all_pass_junit(fake_pyinfra, tmp_path, capsys):
+    inventory = tmp_path / "inv.py"
+    inventory.write_text("hosts = []\n")
+    junit = tmp_path / "j.xml"
+    assert verify_cli.main([str(inventory), "--junit", str(junit)]) == 0
+    assert f"fake pyinfra inventory env: {inventory}" in capsys.readouterr().out
+    root = ET.parse(junit).getroot()
+    (suite,) = root.findall("testsuite")
+    assert (suite.get("name"), suite.get("tests"), suite.get("failures")) == ("lab1", "2", "0")
+    assert suite.find("testcase[@name='torch cuda']/skipped") is not None
 
 
 def test_pass_report_but_pyinfra_failed_is_1(fake_pyinfra, monkeypatch, capsys):

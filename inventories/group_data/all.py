@@ -28,10 +28,12 @@ stack = {
         # yourself (e.g. after draining jobs); run the deploy again afterwards. True: the deploy
         # reboots the host itself and waits for it.
         "allow_reboot": False,
-        # Since July 2025 `conda create` on Anaconda's default channels fails non-interactively
-        # until their Terms of Service are accepted. "accept": accept them for pkgs/main and
-        # pkgs/r (check your organisation may). "conda-forge": use only conda-forge (no ToS).
-        "conda_tos": "accept",
+        # "conda-forge": create the env from conda-forge only (no Terms of Service). "accept":
+        # Anaconda's default channels pkgs/main and pkgs/r; their ToS is accepted where the
+        # installed conda checks it (the conda-anaconda-tos plugin, Miniconda >= 25.5.1; the
+        # pinned 24.11.1 has none). Anaconda's terms limit free use of those channels by
+        # organisations of more than 200 people: check yours may before choosing "accept".
+        "conda_tos": "conda-forge",
         # Components to reinstall even when the right version is present, e.g. ["apex"] after a
         # broken build. Names: driver, cuda, cudnn, miniconda, env, torch, apex, verl.
         "force_reinstall": [],

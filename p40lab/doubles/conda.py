@@ -5,12 +5,17 @@ Environments are REAL venvs of the host's python3 at PREFIX/envs/NAME (base = PR
 Real behaviours reproduced (p40fleet docs/stack-facts §4):
   * `conda create -n NAME python=X.Y.Z -y`: only the host python's exact version "exists"
     (anything else: PackagesNotFoundError, exit 1);
-  * on Anaconda's default channels (repo.anaconda.com/pkgs/main, pkgs/r) a non-interactive
-    create fails with CondaToSNonInteractiveError until `conda tos accept --override-channels
-    --channel URL` was run for each of them; `--override-channels -c conda-forge` avoids that;
+  * the Terms-of-Service check is the `conda-anaconda-tos` plugin (first published January 2025,
+    bundled from Miniconda 25.5.1). Built without it (@TOS_PLUGIN@ = no, Miniconda
+    py310_24.11.1-0): there is no `tos` subcommand (`invalid choice: 'tos'`, argparse's usage
+    line and exit 2, as `--help` too) and `create` checks no ToS. Built with it (yes): on
+    Anaconda's default channels (repo.anaconda.com/pkgs/main, pkgs/r) a non-interactive create
+    fails with CondaToSNonInteractiveError until `conda tos accept --override-channels --channel
+    URL` was run for each of them (or CONDA_PLUGINS_AUTO_ACCEPT_TOS=yes);
+    `--override-channels -c conda-forge` avoids that;
   * `env list [--json]`, `env remove -n NAME -y` / `remove -n NAME --all -y`, `run -n NAME CMD`,
-    `info [--json|--envs]`, `tos accept|view`, `config --add/--remove/--set/--show`,
-    `list -n NAME [PKG]`, `--version`.
+    `info [--json|--envs]`, `tos accept|view|--help` (plugin only),
+    `config --add/--remove/--set/--show`, `list -n NAME [PKG]`, `--version`.
 Error messages and exit codes follow conda's. Package solving is not simulated.
 """
 
@@ -29,6 +34,14 @@ MAIN = "https://repo.anaconda.com/pkgs/main"
 R = "https://repo.anaconda.com/pkgs/r"
 DEFAULTS = [MAIN, R]
 HOST_PY = "@HOST_PYTHON@"  # the host python3's version, fixed by the installer
+TOS_PLUGIN = "@TOS_PLUGIN@" == "yes"  # conda-anaconda-tos bundled (Miniconda >= 25.5.1)
+# conda's built-in and bundled-plugin commands, in the order its argparse lists them
+COMMANDS = (
+    "activate clean commands compare config create deactivate env info init install list "
+    "notices package content-trust doctor repoquery remove uninstall rename run search update "
+    "upgrade"
+).split()
+USAGE_LINE = "usage: conda [-h] [-v] [--no-plugins] [-V] COMMAND ..."
 
 
 def out(text=""):
@@ -105,7 +118,8 @@ def tos_file(url):
 
 
 def tos_accepted(url):
-    return os.path.exists(tos_file(url))
+    auto = os.environ.get("CONDA_PLUGINS_AUTO_ACCEPT_TOS", "").lower() in ("yes", "true", "1")
+    return auto or os.path.exists(tos_file(url))
 
 
 def env_prefix(name=None, path=None):
@@ -196,7 +210,7 @@ def cmd_create(argv):
     chans = channels(cli_ch, override)
     yes = "-y" in opts or "--yes" in opts
     quiet = "-q" in opts or "--quiet" in opts
-    pending = [c for c in chans if c in DEFAULTS and not tos_accepted(c)]
+    pending = [c for c in chans if TOS_PLUGIN and c in DEFAULTS and not tos_accepted(c)]
     if pending and (yes or not sys.stdin.isatty()):
         return tos_error(pending)
     specs = [s for s in rest]
@@ -423,7 +437,14 @@ def cmd_run(argv):
         return 127
 
 
+# the double's own help text (the exit code, 0, is what callers rely on)
+TOS_USAGE = "usage: conda tos [-h] {accept,reject,view,interactive,clean} ..."
+
+
 def cmd_tos(argv):
+    if argv and argv[0] in ("-h", "--help"):
+        out(TOS_USAGE)
+        return 0
     sub = argv[0] if argv else "view"
     opts, _ = parse(argv[1:], {"-c", "--channel"})
     chans = opts.get("-c", []) + opts.get("--channel", [])
@@ -538,7 +559,7 @@ def cmd_list(argv):
     return 0
 
 
-USAGE = """usage: conda [-h] [-v] [--no-plugins] [-V] COMMAND ...
+USAGE = f"""{USAGE_LINE}
 
 conda is a tool for managing and deploying applications, environments and packages.
 """
@@ -563,9 +584,13 @@ def main(argv):
         "remove": lambda a: cmd_remove_env(a, True),
         "uninstall": lambda a: cmd_remove_env(a, True),
     }
+    if not TOS_PLUGIN:
+        del handlers["tos"]  # the subcommand comes with the plugin only
     if cmd not in handlers:
-        err(USAGE.split("\n")[0])
-        err(f"conda: error: argument COMMAND: invalid choice: '{cmd}'")
+        # argparse: usage line + error on stderr, exit 2 (python 3.10 quotes the choices)
+        choices = ", ".join(f"'{c}'" for c in COMMANDS + (["tos"] if TOS_PLUGIN else []))
+        err(USAGE_LINE)
+        err(f"conda: error: argument COMMAND: invalid choice: '{cmd}' (choose from {choices})")
         return 2
     return handlers[cmd](rest)
 

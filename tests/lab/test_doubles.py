@@ -176,16 +176,33 @@ def test_conda_flow(lab):
     pyv = sh(lab, host, "python3 -c 'import platform;print(platform.python_version())'")
     pyv = pyv.stdout.strip()
     create = f"{conda} create -n verl-p40 python={pyv} -y"
-    r = sh(lab, host, create, ok=False)
-    assert r.returncode == 1 and "CondaToSNonInteractiveError" in r.stderr
+    # 24.11.1 predates the ToS plugin: no `conda tos`, and create on the defaults checks nothing
+    r = sh(lab, host, f"{conda} tos --help", ok=False)
+    assert r.returncode == 2 and "invalid choice: 'tos'" in r.stderr
     r = sh(lab, host, f"{conda} create -n x python=3.10.99 -y --override-channels -c conda-forge",
            ok=False)  # fmt: skip
     assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
-    for ch in ("https://repo.anaconda.com/pkgs/main", "https://repo.anaconda.com/pkgs/r"):
-        sh(lab, host, f"{conda} tos accept --override-channels --channel {shlex.quote(ch)}")
     sh(lab, host, create)
     r = sh(lab, host, f"{conda} run -n verl-p40 python -c 'import sys; print(sys.prefix)'")
     assert r.stdout.strip() == "/root/mc/envs/verl-p40"
     assert "/root/mc/envs/verl-p40" in sh(lab, host, f"{conda} env list --json").stdout
     sh(lab, host, f"{conda} env remove -n verl-p40 -y")
     assert "verl-p40" not in sh(lab, host, f"{conda} env list --json").stdout
+
+
+def test_conda_tos_plugin_flow(lab):
+    """Miniconda 25.5.1 bundles conda-anaconda-tos: create on the defaults needs the ToS."""
+    host = "lab3"
+    lab.reinstall(host)
+    fetch(lab, host, mirror.MINICONDA_TOS_FILENAME)
+    sh(lab, host, f"bash /root/art/{mirror.MINICONDA_TOS_FILENAME} -b -p /root/mc")
+    conda = "/root/mc/bin/conda"
+    assert sh(lab, host, f"{conda} --version").stdout.strip() == "conda 25.5.1"
+    sh(lab, host, f"{conda} tos --help")
+    pyv = sh(lab, host, "python3 -c 'import platform;print(platform.python_version())'")
+    create = f"{conda} create -n verl-p40 python={pyv.stdout.strip()} -y"
+    r = sh(lab, host, create, ok=False)
+    assert r.returncode == 1 and "CondaToSNonInteractiveError" in r.stderr
+    for ch in ("https://repo.anaconda.com/pkgs/main", "https://repo.anaconda.com/pkgs/r"):
+        sh(lab, host, f"{conda} tos accept --override-channels --channel {shlex.quote(ch)}")
+    sh(lab, host, create)
