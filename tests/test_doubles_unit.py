@@ -27,7 +27,8 @@ needs_tools = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("mirror")
-    pins = mirror.build(d, kernel_release="5.4.0-150-generic")
+    # the default lab's URL, spelled out: the test session's lab instance has another one
+    pins = mirror.build(d, kernel_release="5.4.0-150-generic", base_url="http://10.231.0.1:8111")
     return d, pins
 
 
