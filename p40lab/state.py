@@ -78,7 +78,7 @@ SUITE = "bookworm"
 BASE_DIR = CACHE_DIR / f"base-{SUITE}"  # shared by every instance
 MIRROR_DIR = CACHE_DIR / f"mirror{_SUFFIX}"  # per instance: fault tests corrupt and stop it
 
-BRIDGE = f"labbr{_SUFFIX}"
+BRIDGE = f"labbr{_SUFFIX}" if INSTANCE else "labbr0"
 NET = _net(INSTANCE)
 CONTROLLER_IP = f"{NET}.1"
 SUBNET = f"{NET}.0/24"
