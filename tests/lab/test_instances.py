@@ -76,8 +76,10 @@ def test_two_instances_side_by_side(lab):
         assert name == "lab2" and f" {side_net}.12/24 " in addr and side_net != st.NET, said.stdout
         # our lab, same host names, is another set of machines and still answers
         assert hosts.snapshot() == ours_before
-        gpus = lab.ssh("lab2", "ls /sys/bus/pci/devices | wc -l", check=True).stdout.strip()
-        assert gpus == str(len(lab.host("lab2")["gpus"])) != "1", gpus  # side's lab2 has 1
+        count = "grep -l 0x10de /sys/bus/pci/devices/*/vendor | wc -l"  # NVIDIA devices
+        assert p40lab(SIDE, "ssh", "lab2", count).stdout.strip() == "1"
+        gpus = lab.ssh("lab2", count, check=True).stdout.strip()
+        assert gpus == str(len(lab.host("lab2")["gpus"])) != "1", gpus
     finally:
         down = p40lab(SIDE, "down", "--wipe")
     assert down.returncode == 0, down.stdout + down.stderr
