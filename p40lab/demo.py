@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 
 from rich.console import Console
 from rich.table import Table
@@ -33,24 +32,6 @@ def lab_up(gpus: str) -> None:
         return
     for argv in (["base"], ["up", "--gpus", gpus]):
         subprocess.run([sys.executable, "-m", "p40lab", *argv], cwd=runs.REPO, check=True)
-    settle()
-
-
-#: pyinfra's server.reboot confirms a reboot only when the uptime after it is below the uptime
-#: before it plus its delay (10 s). Hosts booted seconds ago fail that when the reconnect is slow
-#: (a loaded 2-core machine): the first run's nouveau reboot then times out after 600 s.
-MIN_UPTIME = 30.0
-
-
-def settle(min_uptime: float = MIN_UPTIME) -> None:
-    """Wait until every host has been up ``min_uptime`` seconds, as a real server has."""
-    from p40lab import hosts
-
-    ups = [hosts.uptime(h) or 0.0 for h in st.load().get("hosts", [])]
-    wait = max(0.0, min_uptime - min(ups, default=min_uptime))
-    if wait:
-        console.print(f"waiting {wait:.0f} s until every host has been up {min_uptime:.0f} s")
-        time.sleep(wait)
 
 
 def show(title: str, result: runs.RunResult) -> None:
