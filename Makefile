@@ -1,24 +1,74 @@
-# The two commands README starts with.
-PY ?= python3
+# README's two commands. Each sets itself up first, and a second call skips what is done:
+#   1. the Debian/Ubuntu packages the lab needs (dpkg-query; apt-get only for missing ones),
+#   2. a virtualenv .venv from the system python3 with the project and its dev tools
+#      (pip runs again only when pyproject.toml is newer than the stamp),
+#   3. the job, with .venv's python.
+# Every path is absolute, so `sudo make demo` works from any shell (sudo resets PATH, and a
+# pyenv shim or an activated venv is never used).
+ROOT := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+SYSTEM_PYTHON ?= /usr/bin/python3
+VENV := $(ROOT)/.venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.p40fleet-installed
 LAB_GPUS ?= 4xP40,8xP40,1xP100,2xH200
 
-.PHONY: demo test lint lab-up lab-down bench
+# The lab on the controller: mmdebstrap (base rootfs), iproute2 (netns, bridge), ssh-keygen/ssh,
+# git (mirror remotes), xz/dpkg-dev/gcc (the installer doubles), kmod, curl; python3-venv and
+# python3-pip for .venv (Debian's python3 refuses a system-wide pip install: PEP 668).
+APT_PACKAGES := mmdebstrap iproute2 openssh-client git xz-utils dpkg-dev gcc libc6-dev kmod \
+	curl ca-certificates python3-venv python3-pip
 
-test: lint
-	$(PY) -m pytest -q -ra
+.PHONY: demo test lint setup system-packages lab-up lab-down bench
 
-lint:
-	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+# .venv/bin first on PATH, as an activated venv has it: tools and tests that run `python3` by
+# name (tests/test_python_facts.py) get the project's interpreter, not a system or pyenv one.
 
-demo:
-	$(PY) -m p40lab.demo --gpus $(LAB_GPUS)
+demo: setup
+	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) -m p40lab.demo --gpus $(LAB_GPUS)
 
-lab-up:
-	$(PY) -m p40lab up --gpus $(LAB_GPUS)
+test: setup
+	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
+	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra
 
-lab-down:
-	$(PY) -m p40lab down
+lint: setup
+	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
 
-bench:
-	$(PY) benchmarks/bench_lab.py
+setup: system-packages $(STAMP)
+
+system-packages:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null | grep -qx installed \
+	    || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make: missing Debian packages:$$missing; run as root (sudo make ...)" >&2; exit 1; \
+	  fi; \
+	  echo "make: installing$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+# .venv is (re)made when missing or when its python does not run (made by an interpreter that
+# has since gone); pyvenv.cfg is new then, so the install below runs again.
+VENV_CFG := $(VENV)/pyvenv.cfg
+ifneq ($(shell $(PY) -c 'print(1)' 2>/dev/null),1)
+.PHONY: $(VENV_CFG)
+endif
+$(VENV_CFG): | system-packages
+	@echo "make: creating $(VENV) with $(SYSTEM_PYTHON)"
+	rm -rf $(VENV) && $(SYSTEM_PYTHON) -m venv $(VENV)
+
+# wheel: the lab's wheelhouse builds sdist-only projects with `pip wheel`.
+$(STAMP): $(ROOT)/pyproject.toml $(VENV_CFG)
+	$(PY) -m pip install -q --disable-pip-version-check -e '$(ROOT)[dev]' wheel
+	touch $@
+
+lab-up: setup
+	cd $(ROOT) && $(PY) -m p40lab up --gpus $(LAB_GPUS)
+
+lab-down: setup
+	cd $(ROOT) && $(PY) -m p40lab down
+
+bench: setup
+	cd $(ROOT) && $(PY) benchmarks/bench_lab.py

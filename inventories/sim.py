@@ -4,7 +4,8 @@
     pyinfra -y inventories/sim.py exec -- hostname
     pyinfra -y inventories/sim.py deploy/<deploy>.py --limit lab1
 
-State: ``$P40LAB_STATE`` or ``/var/lib/p40lab/state.json`` (written by ``p40lab up``). When the
+State: ``$P40LAB_STATE`` or ``/var/lib/p40lab/state.json`` (written by ``p40lab up``; another
+instance's with ``$P40LAB_INSTANCE``, see ``p40lab/state.py``). When the
 lab is down this inventory refuses to load, so pyinfra never silently runs against 0 hosts.
 
 Groups: ``sim`` (every lab host, lab1..labN, whatever GPUs each has), ``ray_head`` (lab1).
@@ -24,13 +25,16 @@ import os
 import runpy
 from pathlib import Path
 
+from p40lab.state import cli, state_path
+
 
 class SimLabDown(RuntimeError):
     pass
 
 
-_STATE = Path(os.environ.get("P40LAB_STATE", "/var/lib/p40lab/state.json"))
-_DOWN = "the simulated lab is not up: run `python -m p40lab up`"
+# the state of the lab instance $P40LAB_INSTANCE names (one rule, in p40lab.state)
+_STATE = state_path()
+_DOWN = f"the simulated lab is not up: run `{cli('up')}`"
 
 
 def _load_state() -> dict:

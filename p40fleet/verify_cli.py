@@ -31,7 +31,19 @@ from p40fleet import report
 
 __all__ = ["DEPLOY", "REPO", "main", "pyinfra_command"]
 
-REPO = Path(__file__).resolve().parent.parent
+
+def _checkout() -> Path:
+    """The checkout whose ``deploy/verify.py`` runs: the working directory when it is one (a
+    pyinfra deploy runs from its checkout; the p40fleet wheel holds no deploys), else the one
+    this package sits in (an editable install)."""
+    here = Path(__file__).resolve().parent.parent
+    for root in (Path.cwd(), here):
+        if (root / "deploy" / "verify.py").is_file():
+            return root
+    return here
+
+
+REPO = _checkout()
 DEPLOY = REPO / "deploy" / "verify.py"
 #: Lines of pyinfra's output kept to explain an environment error.
 _TAIL = 40
@@ -163,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if importlib.util.find_spec("pyinfra") is None:
         return _fail(f"pyinfra is not installed for {sys.executable} (pip install 'pyinfra>=3.10')")
     if not DEPLOY.is_file():
-        return _fail(f"{DEPLOY} is missing")
+        return _fail(
+            f"{DEPLOY} is missing: run this from the p40fleet checkout (deploy/, facts/, "
+            "operations/ and files/ are used from there, not installed)"
+        )
 
     with tempfile.TemporaryDirectory(prefix="p40fleet-verify-") as tmp:
         report_path = Path(tmp) / "report.json"

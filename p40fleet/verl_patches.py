@@ -5,7 +5,7 @@ checkout) and becomes ``new``. The applier (``files/verl_patch.py``, standard li
 on the host) checks every rule before writing any file and records what it applied; this module
 loads it for in-process use (:func:`plan`, :func:`apply`) so there is one implementation.
 
-Profiles (stack-facts §3): ``pascal`` (cc 6.x) gets the rules below, and so does
+Profiles (docs/stack-facts.md §3): ``pascal`` (cc 6.x) gets the rules below, and so does
 ``volta-turing`` (7.x): verl 0.5.0 hard-codes bf16 autocast in the actor/critic forward and loads
 the critic with flash_attention_2 where no config reaches, and neither bf16 nor flash-attn 2 runs
 below cc 8.0; ``ampere-plus`` (>= 8.0) runs verl untouched. ``maxwell`` (5.x, only with an

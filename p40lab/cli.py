@@ -11,6 +11,9 @@ ssh HOST [CMD...]                   ssh with the lab key and known_hosts (strict
 known-hosts                         print the lab's known_hosts path and content
 mirror-hook                         (re)run p40lab.mirror.ensure_mirror + start_server
 leftovers                           what of the lab is still on the controller
+
+$P40LAB_INSTANCE=NAME runs any of these against another lab instance (its own state dir, bridge,
+subnet, netns and mirror; see p40lab/state.py); unset, the default lab.
 """
 
 from __future__ import annotations
@@ -84,10 +87,11 @@ def cmd_status(args) -> int:
     data = st.load()
     console = Console(width=None if sys.stdout.isatty() else 140)
     if not data.get("hosts"):
-        console.print("the simulated lab is not up (no state): run `python -m p40lab up`")
+        console.print(f"the simulated lab is not up (no state): run `{st.cli('up')}`")
         return 1
     lab_up = st.is_up(data)
-    table = Table(title=f"p40lab ({'up' if lab_up else 'down'}) — {st.state_path()}")
+    instance = f"instance {st.INSTANCE}, " if st.INSTANCE else ""
+    table = Table(title=f"p40lab ({instance}{'up' if lab_up else 'down'}) — {st.state_path()}")
     for col in ("host", "ip", "gpus", "os", "headers", "state", "uptime", "boots"):
         table.add_column(col)
     for h in data["hosts"]:
@@ -141,7 +145,7 @@ def cmd_known_hosts(args) -> int:
     try:
         print(st.KNOWN_HOSTS.read_text(), end="")
     except FileNotFoundError as exc:
-        raise LabError("no known_hosts yet: run `python -m p40lab up`") from exc
+        raise LabError(f"no known_hosts yet: run `{st.cli('up')}`") from exc
     return 0
 
 
@@ -151,7 +155,7 @@ def cmd_mirror_hook(args) -> int:
     require_root()
     data = st.load()
     if not st.is_up(data):
-        raise LabError("the simulated lab is not up: run `python -m p40lab up`")
+        raise LabError(f"the simulated lab is not up: run `{st.cli('up')}`")
     return 0 if hosts.mirror_hook("start", data) else 1
 
 

@@ -1,9 +1,10 @@
 """``make demo``: build the lab, provision it, provision it again, verify, and show the result.
 
-    python -m p40lab.demo [--gpus 4xP40,8xP40,1xP100,2xH200] [--keep]
+    python -m p40lab.demo [--gpus 4xP40,8xP40,1xP100,2xH200]
 
 The lab is left up afterwards (``python -m p40lab down`` stops it) so you can look around:
-``python -m p40lab ssh lab1``. One host of the default layout (2x H200) is refused on purpose:
+``python -m p40lab ssh lab1``. A lab already up is used as it is; a stale one (its processes
+gone) is cleared by ``up``. One host of the default layout (2x H200) is refused on purpose:
 driver R525 does not support the H200.
 """
 
@@ -67,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         f"\n[bold]converged, second run unchanged:[/] {', '.join(converged) or 'none'}; "
         f"refused or failed: {', '.join(h for h in second.connected if second.errors[h]) or 'none'}"
         f"; verify exit {verify.returncode} (report {st.LAB_DIR / 'verify-report.json'})"
+    )
+    console.print(
+        f"the lab stays up: `{st.cli('status')}`, `{st.cli('ssh lab1')}`; "
+        f"`{st.cli('down')}` stops it"
     )
     return 0 if converged else 1
 

@@ -19,6 +19,10 @@ Host ``labN`` (``10.231.0.(10+N)``):
   checking would refuse the host; the lab's known_hosts stays valid instead).
 * runtime files in ``/var/lib/p40lab/run/labN/``: console.log, supervisor.pid, unshare.pid,
   boots, boot-time, modules (fake /proc/modules), stop.
+
+Paths and addresses above are the default instance's; ``$P40LAB_INSTANCE`` picks another (see
+:mod:`p40lab.state`). Every lookup here (processes, mounts, netns, links) is by this instance's
+paths and names only, so ``up``/``down``/``leftovers`` never see or touch another instance.
 """
 
 from __future__ import annotations
@@ -217,7 +221,7 @@ def mount_disk(name: str) -> Path:
         d[key].mkdir(parents=True, exist_ok=True)
     if not _mounted(d["root"]):
         opts = f"lowerdir={st.BASE_DIR},upperdir={d['upper']},workdir={d['work']}"
-        run(["mount", "-t", "overlay", f"p40lab-{name}", "-o", opts, str(d["root"])])
+        run(["mount", "-t", "overlay", net.netns_name(name), "-o", opts, str(d["root"])])
     return d["root"]
 
 
@@ -467,8 +471,9 @@ def mirror_hook(action: str, data: dict | None = None) -> bool:
 
     ``start``: ``mirror.ensure_mirror(state)`` (state = the lab state dict, see p40lab.state;
     it publishes pins with ``p40lab.state.set_stack_overrides``) then ``mirror.start_server()``
-    (its defaults: the mirror dir, bound to 10.231.0.1:8111 only); ``stop``:
-    ``mirror.stop_server()``. Returns False when the module is absent.
+    (this instance's mirror dir, bound to its controller address only: 10.231.0.1:8111 for the
+    default instance); ``stop``: ``mirror.stop_server()``. Returns False when the module is
+    absent.
     """
     try:
         mirror = importlib.import_module("p40lab.mirror")
@@ -515,6 +520,9 @@ def lab_processes() -> list[int]:
     """Live (non-zombie) processes of the lab: supervisors, the mirror server, and anything
     chrooted in a host."""
     hosts_prefix = str(st.HOSTS_DIR) + "/"
+    # another instance's supervisors and mirror name their own paths on the command line
+    sup_mark = f" {hosts_prefix}".encode()
+    mirror_mark = f" --bind {st.CONTROLLER_IP} --port {st.MIRROR_PORT} ".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -524,7 +532,9 @@ def lab_processes() -> list[int]:
             root = os.readlink(entry / "root")
         except OSError:
             continue  # gone, or a zombie (no root link)
-        ours = b"p40lab.supervisor" in cmdline or b"p40lab.mirror serve" in cmdline
+        ours = (b"p40lab.supervisor" in cmdline and sup_mark in cmdline) or (
+            b"p40lab.mirror serve" in cmdline and mirror_mark in cmdline
+        )
         if root.startswith(hosts_prefix) or ours:
             if st.pid_alive(int(entry.name)):
                 found.append(int(entry.name))
@@ -546,9 +556,28 @@ def leftovers() -> dict[str, list[str]]:
         "netns": net.our_netns(),
         "mounts": our_mounts(),
         "processes": sorted(set(procs)),
-        "links": [x for x in [st.BRIDGE] if net.link_exists(x)]
-        + sorted(p.name for p in Path("/sys/class/net").glob("p4v*")),
+        "links": [x for x in [st.BRIDGE] if net.link_exists(x)] + net.our_veths(),
         "routes": [st.SUBNET] if net.route_present() else [],
+    }
+
+
+def snapshot() -> dict:
+    """What a running lab of this instance is made of, for "unchanged?" comparisons: the state
+    file, supervisor and mirror PIDs (alive or not), netns, mounts, links and routes."""
+    try:
+        state_text = st.state_path().read_text()
+    except FileNotFoundError:
+        state_text = None
+    data = st.load()
+    left = leftovers()
+    return {
+        "state": state_text,
+        "supervisors": {
+            h["name"]: [h.get("supervisor_pid"), st.pid_alive(h.get("supervisor_pid"))]
+            for h in data.get("hosts", [])
+        },
+        "mirror_pid": _read_int(st.LAB_DIR / "mirror.pid"),
+        **{k: left[k] for k in ("netns", "mounts", "links", "routes")},
     }
 
 
@@ -565,13 +594,17 @@ def up(
     if _running_hosts(data):
         raise LabError(
             f"the lab is already up ({len(data.get('hosts', []))} hosts): "
-            "run `python -m p40lab down` first"
+            f"run `{st.cli('down')}` first"
         )
-    if st.is_up(data):
-        raise LabError("stale lab state (marked up, nothing running): run `python -m p40lab down`")
     left = {k: v for k, v in leftovers().items() if v}
-    if left:
-        raise LabError(f"leftovers of an earlier lab: {left}: run `python -m p40lab down`")
+    if st.is_up(data) or left:
+        # A lab whose processes were killed (a stopped CI job, a reboot of the controller) left
+        # netns, mounts or links behind; no host of it runs, so clearing it loses nothing.
+        log(f"clearing a stale lab first (marked up, no host running; left: {left or 'nothing'})")
+        down()
+        left = {k: v for k, v in leftovers().items() if v}
+        if left:
+            raise LabError(f"leftovers of an earlier lab survive `down`: {left}")
     t0 = time.monotonic()
     ensure_controller_key()
     write_known_hosts(specs)
@@ -580,6 +613,7 @@ def up(
         d.update(
             version=1, up=True, up_since=time.time(), bridge=st.BRIDGE,
             controller_ip=st.CONTROLLER_IP, subnet=st.SUBNET, base=str(st.BASE_DIR),
+            instance=st.INSTANCE, mirror_dir=str(st.MIRROR_DIR),
             lab_dir=str(st.LAB_DIR), ssh_key=str(st.SSH_KEY),
             ssh_pubkey=str(st.SSH_KEY.with_suffix(".pub")), known_hosts=str(st.KNOWN_HOSTS),
             ssh_config=str(st.LAB_DIR / "ssh_config"), mirror_url=st.MIRROR_URL,
@@ -651,8 +685,8 @@ def down(*, wipe: bool = False, mirror: bool = True) -> dict[str, list[str]]:
         net.host_down(h["name"])
     for ns in net.our_netns():
         net.host_down(ns[len(net.NETNS_PREFIX) :])
-    for link in Path("/sys/class/net").glob("p4v*"):
-        run(["ip", "link", "del", link.name], check=False, quiet=True)
+    for link in net.our_veths():
+        run(["ip", "link", "del", link], check=False, quiet=True)
     net.bridge_down()
     if wipe:
         for h in hosts:
@@ -677,7 +711,7 @@ def down(*, wipe: bool = False, mirror: bool = True) -> dict[str, list[str]]:
 def get_host(name: str) -> dict:
     data = st.load()
     if not st.is_up(data):
-        raise LabError("the simulated lab is not up: run `python -m p40lab up`")
+        raise LabError(f"the simulated lab is not up: run `{st.cli('up')}`")
     for h in data["hosts"]:
         if h["name"] == name or h["ip"] == name:
             return h

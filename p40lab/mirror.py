@@ -46,16 +46,19 @@ from pathlib import Path
 from typing import Any
 
 from p40lab import doubles
+from p40lab import state as _lab
 
 BUILD_VERSION = "1"
-LAB_DIR = Path(os.environ.get("P40LAB_DIR", "/var/lib/p40lab"))
-CACHE_DIR = Path(os.environ.get("P40LAB_CACHE", "/var/cache/p40lab"))
-MIRROR_DIR = CACHE_DIR / "mirror"
+# This lab instance's (p40lab.state: $P40LAB_INSTANCE), so one instance never serves, stops or
+# corrupts another's mirror.
+LAB_DIR = _lab.LAB_DIR
+CACHE_DIR = _lab.CACHE_DIR
+MIRROR_DIR = _lab.MIRROR_DIR
 PID_FILE = LAB_DIR / "mirror.pid"
 ACCESS_LOG = LAB_DIR / "mirror-access.log"
 SERVER_LOG = LAB_DIR / "mirror-server.log"
-BIND = "10.231.0.1"
-PORT = 8111
+BIND = _lab.CONTROLLER_IP
+PORT = _lab.MIRROR_PORT
 BASE_URL = f"http://{BIND}:{PORT}"
 STAMP_FILE = ".p40lab-doubles.json"
 ORIG_DIR = ".p40lab-orig"  # pristine copies of corrupted artifacts (not under a served path)

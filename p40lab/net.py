@@ -4,20 +4,33 @@ Names are prefixed so they never collide with other labs on the box (e.g. the ba
 ``lab1`` netns / ``vlab1`` veths): host ``lab1`` lives in netns ``p40lab-lab1`` behind veth
 ``p4vlab1`` (host end on the bridge; ``eth0`` inside, no default route). The route
 ``unreachable 10.231.0.0/24 metric 4000`` keeps lab traffic on this machine even if the bridge
-disappears.
+disappears. Another instance (``$P40LAB_INSTANCE``, see :mod:`p40lab.state`) has its own
+bridge, subnet and prefixes; everything here matches names exactly (prefix + ``labN``), so one
+instance never sees, or removes, another's namespaces or links.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from pathlib import Path
 
-from p40lab.state import BRIDGE, CONTROLLER_IP, SUBNET, LabError
+from p40lab.state import (
+    BRIDGE,
+    CONTROLLER_IP,
+    HOST_PREFIX,
+    NETNS_PREFIX,
+    SUBNET,
+    VETH_PREFIX,
+    LabError,
+    cli,
+)
 from p40lab.util import run
 
-NETNS_PREFIX = "p40lab-"
 UNREACHABLE = ["unreachable", SUBNET, "metric", "4000"]
+_OUR_NETNS = re.compile(re.escape(NETNS_PREFIX + HOST_PREFIX) + r"\d+")
+_OUR_VETH = re.compile(re.escape(VETH_PREFIX + HOST_PREFIX) + r"\d+")
 
 
 def netns_name(host: str) -> str:
@@ -25,10 +38,15 @@ def netns_name(host: str) -> str:
 
 
 def veth_name(host: str) -> str:
-    name = f"p4v{host}"
+    name = f"{VETH_PREFIX}{host}"
     if len(name) > 15:
         raise LabError(f"host name {host!r} too long for an interface name")
     return name
+
+
+def our_veths() -> list[str]:
+    """Host-side veths of this instance (by exact name pattern)."""
+    return sorted(p.name for p in Path("/sys/class/net").iterdir() if _OUR_VETH.fullmatch(p.name))
 
 
 def link_exists(name: str) -> bool:
@@ -41,7 +59,7 @@ def our_netns() -> list[str]:
         names = [p.name for p in Path("/run/netns").iterdir()]
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if n.startswith(NETNS_PREFIX))
+    return sorted(n for n in names if _OUR_NETNS.fullmatch(n))
 
 
 def route_present() -> bool:
@@ -52,7 +70,20 @@ def route_present() -> bool:
     )
 
 
+def subnet_users() -> list[str]:
+    """Devices other than our bridge that route this instance's subnet (another lab, a VPN)."""
+    out = run(["ip", "-o", "route", "show", "table", "main", "exact", SUBNET], quiet=True)
+    devs = [w[w.index("dev") + 1] for w in map(str.split, out.stdout.splitlines()) if "dev" in w]
+    return [d for d in devs if d != BRIDGE]
+
+
 def bridge_up() -> None:
+    users = subnet_users()
+    if users:
+        raise LabError(
+            f"subnet {SUBNET} is already routed through {', '.join(users)}: give this lab "
+            "another one (P40LAB_NET=10.231.N, or another P40LAB_INSTANCE name)"
+        )
     run(["ip", "route", "replace", *UNREACHABLE])
     if not link_exists(BRIDGE):
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
@@ -70,7 +101,7 @@ def bridge_down() -> None:
 def host_up(host: str, ip: str) -> None:
     ns, veth = netns_name(host), veth_name(host)
     if ns in our_netns():
-        raise LabError(f"netns {ns} already exists: run `python -m p40lab down`")
+        raise LabError(f"netns {ns} already exists: run `{cli('down')}`")
     cmds = [
         ["netns", "add", ns],
         ["link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns],

@@ -18,6 +18,16 @@ The state file is JSON at ``$P40LAB_STATE`` or ``/var/lib/p40lab/state.json``::
 Every change goes through :func:`update` (load, modify, save under an flock), so the mirror
 engineer's :func:`set_stack_overrides` during ``up`` is never overwritten by a stale copy.
 The file outlives ``down`` (``"up": false``, hosts kept for reference, ``stack`` kept).
+
+Instances: ``$P40LAB_INSTANCE`` (unset: the default instance, the values above) names a lab of
+its own, so two labs run side by side (``make test`` brings up instance ``test`` and never
+touches the lab ``make demo`` left up). Instance ``X`` gets its own state dir
+``/var/lib/p40lab-X``, bridge ``labbr-X``, subnet ``10.231.N.0/24`` (N from the name, 1..250;
+``$P40LAB_NET=10.231.7`` overrides), netns ``p40lab-X-labN``, veths ``p4X-labN``, mirror dir
+``/var/cache/p40lab/mirror-X`` served on its own controller address, and its own ssh keys.
+Host names (``lab1``..) are the same in every instance: they are inventory names, local to
+each instance's inventory. The base rootfs and the download cache under ``/var/cache/p40lab``
+are shared (read-only once built).
 """
 
 from __future__ import annotations
@@ -27,24 +37,56 @@ import copy
 import fcntl
 import json
 import os
+import re
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-LAB_DIR = Path(os.environ.get("P40LAB_DIR", "/var/lib/p40lab"))
+
+class LabError(RuntimeError):
+    """An error the CLI prints as one clear line (no traceback)."""
+
+
+def _instance() -> str:
+    name = os.environ.get("P40LAB_INSTANCE", "").strip()
+    if name and not re.fullmatch(r"[a-z][a-z0-9]{0,5}", name):
+        raise LabError(
+            f"P40LAB_INSTANCE={name!r}: use 1-6 lowercase letters or digits, starting with a "
+            "letter (it becomes part of interface names, at most 15 characters)"
+        )
+    return name
+
+
+def _net(instance: str) -> str:
+    """The instance's /24 as ``A.B.C``: 10.231.0 for the default, 10.231.(1..250) otherwise."""
+    net = os.environ.get("P40LAB_NET", "").strip()
+    if net:
+        if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", net):
+            raise LabError(f"P40LAB_NET={net!r}: expected three octets of 10/8, e.g. 10.231.7")
+        return net
+    return f"10.231.{1 + zlib.crc32(instance.encode()) % 250}" if instance else "10.231.0"
+
+
+INSTANCE = _instance()
+_SUFFIX = f"-{INSTANCE}" if INSTANCE else ""
+LAB_DIR = Path(os.environ.get("P40LAB_DIR", f"/var/lib/p40lab{_SUFFIX}"))
 CACHE_DIR = Path(os.environ.get("P40LAB_CACHE", "/var/cache/p40lab"))
 SUITE = "bookworm"
-BASE_DIR = CACHE_DIR / f"base-{SUITE}"
+BASE_DIR = CACHE_DIR / f"base-{SUITE}"  # shared by every instance
+MIRROR_DIR = CACHE_DIR / f"mirror{_SUFFIX}"  # per instance: fault tests corrupt and stop it
 
-BRIDGE = "labbr0"
-NET = "10.231.0"
+BRIDGE = f"labbr{_SUFFIX}" if INSTANCE else "labbr0"
+NET = _net(INSTANCE)
 CONTROLLER_IP = f"{NET}.1"
 SUBNET = f"{NET}.0/24"
 FIRST_HOST_OCTET = 11
 HOST_PREFIX = "lab"
-MIRROR_PORT = 8111
+NETNS_PREFIX = f"p40lab{_SUFFIX}-"  # netns p40lab-lab1 (default), p40lab-test-lab1
+VETH_PREFIX = f"p4{INSTANCE}-" if INSTANCE else "p4v"  # veth p4vlab1 (default), p4test-lab1
+MIRROR_PORT = 8111  # every instance binds its own controller address: no clash
 MIRROR_URL = f"http://{CONTROLLER_IP}:{MIRROR_PORT}"
 
 SSH_KEY = LAB_DIR / "id_ed25519"
@@ -54,8 +96,10 @@ HOSTS_DIR = LAB_DIR / "hosts"
 RUN_DIR = LAB_DIR / "run"  # supervisor pid files, stop flags, boot counters, logs
 
 
-class LabError(RuntimeError):
-    """An error the CLI prints as one clear line (no traceback)."""
+def cli(command: str) -> str:
+    """The shell command a message tells the user to run, for this instance."""
+    env = f"P40LAB_INSTANCE={INSTANCE} " if INSTANCE else ""
+    return f"{env}python -m p40lab {command}"
 
 
 def state_path() -> Path:

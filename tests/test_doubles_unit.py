@@ -27,7 +27,8 @@ needs_tools = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("mirror")
-    pins = mirror.build(d, kernel_release="5.4.0-150-generic")
+    # the default lab's URL, spelled out: the test session's lab instance has another one
+    pins = mirror.build(d, kernel_release="5.4.0-150-generic", base_url="http://10.231.0.1:8111")
     return d, pins
 
 
@@ -107,7 +108,8 @@ def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
     calls = []
     real_build = mirror.build
     monkeypatch.setattr(mirror, "build", lambda *a, **kw: calls.append(1) or real_build(*a, **kw))
-    pins = mirror.ensure_mirror({"mirror_url": "http://10.231.0.1:8111"}, tmp_path)
+    # the lab instance's own URL: the calls below without a state fall back to it
+    pins = mirror.ensure_mirror({"mirror_url": mirror.BASE_URL}, tmp_path)
     assert calls == [1]
     again = mirror.ensure_mirror(None, tmp_path)
     assert calls == [1] and again == pins

@@ -20,7 +20,7 @@ APPLIER = vp.APPLIER_PATH
 ROOT = Path(__file__).resolve().parent.parent
 A = vp.load_applier()
 
-# files the rules must never touch (stack-facts §5)
+# files the rules must never touch (docs/stack-facts.md §5)
 UNTOUCHED_GLOBS = ("verl/model_merger/**/*.py", "verl/utils/torch_dtypes.py", "verl/**/megatron*")
 
 

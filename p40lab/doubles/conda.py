@@ -2,7 +2,7 @@
 """p40lab double of conda @CONDA_VERSION@ (installed by the Miniconda installer double).
 
 Environments are REAL venvs of the host's python3 at PREFIX/envs/NAME (base = PREFIX itself).
-Real behaviours reproduced (p40fleet docs/stack-facts §4):
+Real behaviours reproduced (docs/stack-facts.md §4):
   * `conda create -n NAME python=X.Y.Z -y`: only the host python's exact version "exists"
     (anything else: PackagesNotFoundError, exit 1);
   * the Terms-of-Service check is the `conda-anaconda-tos` plugin (first published January 2025,

@@ -1,6 +1,6 @@
 #!/bin/sh
 # p40lab double of cuda-installer (payload of cuda_@CUDA_VERSION@_@DRIVER_VERSION@_linux.run).
-# Real behaviour reproduced (p40fleet docs/stack-facts §4):
+# Real behaviour reproduced (docs/stack-facts.md §4):
 #  * the interactive (ncurses) installer needs a terminal: without --silent it refuses here;
 #  * --silent with no component installs everything (driver + toolkit); --toolkit / --driver pick;
 #  * gcc newer than @GCC_MAX@ fails "Failed to verify gcc version" unless --override;

@@ -1,6 +1,6 @@
 #!/bin/sh
 # p40lab double of nvidia-installer @VERSION@ (payload of NVIDIA-Linux-x86_64-@VERSION@.run).
-# Real behaviour reproduced (p40fleet docs/stack-facts §4):
+# Real behaviour reproduced (docs/stack-facts.md §4):
 #  * -s/--silent implies --ui=none --no-questions; DKMS registration is on by default since R520
 #    (--no-dkms turns it off, --dkms forces it);
 #  * needs a compiler (cc) and make, and the headers of the *running* kernel at

@@ -8,12 +8,20 @@
 
 Hosts (default): lab1 4xP40, lab2 8xP40, lab3 1xP100, lab4 2xH200 (``P40LAB_TEST_GPUS`` to
 change). Needs root; when the lab cannot start the session FAILS with the reason (never skips).
-A lab that is already up is refused (run ``python -m p40lab down``) unless ``P40LAB_REUSE=1``:
-then it is used as is and left up. ``P40LAB_NO_MIRROR=1`` skips the p40lab.mirror hook.
+
+The lab is the tests' own instance (``tests/conftest.py``: ``$P40LAB_INSTANCE`` =
+``$P40LAB_TEST_INSTANCE``, default ``test``): its own state dir, bridge, subnet, netns, mirror
+and keys. Host names stay lab1..labN (inventory names; each instance has its own inventory).
+So a lab the user started (the default instance, e.g. left up by ``make demo``) keeps running,
+and the session fails at teardown if it changed (state file, supervisors, mirror, netns,
+mounts, links or routes). A stale test lab (killed session) is cleared by ``up``; a running one
+is refused unless ``P40LAB_REUSE=1``: then it is used as is and left up.
+``P40LAB_NO_MIRROR=1`` skips the p40lab.mirror hook.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +36,20 @@ if str(REPO) not in sys.path:
 DEFAULT_GPUS = "4xP40,8xP40,1xP100,2xH200"
 
 
+def instance_snapshot(instance: str = "") -> dict:
+    """``p40lab.hosts.snapshot()`` of another lab instance ("": the default one), read in a
+    subprocess: this process's p40lab is bound to the test instance."""
+    env = {k: v for k, v in os.environ.items() if k not in ("P40LAB_INSTANCE", "P40LAB_STATE")}
+    if instance:
+        env["P40LAB_INSTANCE"] = instance
+    code = "import json; from p40lab import hosts; print(json.dumps(hosts.snapshot()))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
 class Lab:
     """Helpers around the running lab (in-process p40lab calls, ssh/pyinfra subprocesses)."""
 
@@ -35,6 +57,8 @@ class Lab:
         self.gpus = gpus
         self.mirror = mirror
         self.up_seconds: float | None = None
+        #: the default instance (the user's lab) as it was before the test lab came up
+        self.user_lab_before: dict | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     def up(self, gpus: str | None = None, **plan_kw) -> dict:
@@ -58,6 +82,11 @@ class Lab:
         return {k: v for k, v in hosts.leftovers().items() if v}
 
     # --- state -----------------------------------------------------------------------------
+    @staticmethod
+    def instance_snapshot(instance: str = "") -> dict:
+        """``p40lab.hosts.snapshot()`` of lab instance ``instance`` ("": the default, user's)."""
+        return instance_snapshot(instance)
+
     @property
     def state(self) -> dict:
         from p40lab import state
@@ -126,10 +155,14 @@ def lab():
     from p40lab import hosts, state
     from p40lab.state import LabError
 
+    if not state.INSTANCE:
+        pytest.fail("the lab tests must run in their own lab instance (tests/conftest.py)", False)
+
     the_lab = Lab(
         gpus=os.environ.get("P40LAB_TEST_GPUS", DEFAULT_GPUS),
         mirror=os.environ.get("P40LAB_NO_MIRROR") != "1",
     )
+    the_lab.user_lab_before = instance_snapshot()
     reuse = os.environ.get("P40LAB_REUSE") == "1"
     running = [
         h["name"] for h in state.load().get("hosts", []) if state.pid_alive(h.get("supervisor_pid"))
@@ -139,7 +172,8 @@ def lab():
         return
     if running:
         pytest.fail(
-            f"a lab is already up ({', '.join(running)}): run `python -m p40lab down` "
+            f"the test lab (instance {state.INSTANCE}) is already up ({', '.join(running)}): "
+            f"another test session? else run `{state.cli('down')}` "
             "(or set P40LAB_REUSE=1 to test against it)",
             False,
         )
@@ -158,3 +192,7 @@ def lab():
         left = {k: v for k, v in hosts.down().items() if v}
         if left:
             pytest.fail(f"lab teardown left things behind: {left}", False)
+        after = instance_snapshot()
+        if after != the_lab.user_lab_before:
+            changed = sorted(k for k in after if after[k] != the_lab.user_lab_before.get(k))
+            pytest.fail(f"the tests changed the default (user's) lab: {changed}", False)

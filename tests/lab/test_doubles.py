@@ -1,8 +1,9 @@
 """The installer doubles inside real lab hosts (sshd in netns, overlay rootfs, fake sysfs).
 
 Uses the session fixture ``lab`` (tests/lab/conftest.py): ``lab.ssh(host, cmd)``,
-``lab.reboot(host)``, ``lab.reinstall(host)``. Artifacts come from the lab mirror at
-http://10.231.0.1:8111 (p40lab.mirror). Each test group reinstalls its host first.
+``lab.reboot(host)``, ``lab.reinstall(host)``. Artifacts come from the test lab instance's
+mirror (p40lab.mirror; http://10.231.0.1:8111 in the default lab). Each test group reinstalls
+its host first.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ if not (Path(__file__).parent / "conftest.py").exists():
 
 pytestmark = pytest.mark.lab
 
-ART = "http://10.231.0.1:8111/artifacts"
+ART = f"{mirror.BASE_URL}/artifacts"  # this lab instance's mirror (tests/conftest.py)
 DRIVER = mirror.driver_filename(mirror.DRIVER_VERSION)
 OLD_DRIVER = mirror.driver_filename(mirror.EXTRA_DRIVER_VERSIONS[0])
 CUDA = mirror.CUDA_FILENAME

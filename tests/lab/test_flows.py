@@ -189,7 +189,7 @@ def test_removed_data_file_fails_verify_then_is_restaged_from_the_cache(fleet):
 def test_dry_run_with_a_verl_bump_changes_nothing_and_names_the_verl_steps(fleet):
     lab = fleet["lab"]
     bump = lab.state["stack"]["verl"]
-    tags = lab.ssh("lab1", "git ls-remote --tags http://10.231.0.1:8111/git/verl.git").stdout
+    tags = lab.ssh("lab1", f"git ls-remote --tags {mirror.BASE_URL}/git/verl.git").stdout
     refs = dict(reversed(line.split()) for line in tags.splitlines())
     # an annotated tag: the commit is the peeled ref
     bump_commit = refs.get("refs/tags/v0.5.0-lab1^{}") or refs["refs/tags/v0.5.0-lab1"]

@@ -21,6 +21,7 @@ import paramiko
 import pytest
 
 from p40lab import fakehw, hosts
+from p40lab import state as lab_state
 
 pytestmark = pytest.mark.lab
 
@@ -140,7 +141,7 @@ def test_inventory_refuses_when_lab_state_says_down(lab, tmp_path):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "the simulated lab is not up: run `python -m p40lab up`" in out
+    assert f"the simulated lab is not up: run `{lab_state.cli('up')}`" in out
 
 
 def test_inventory_host_data_merges_group_stack_and_lab_overrides(lab, tmp_path):
@@ -409,27 +410,36 @@ def test_reinstall_drops_system_changes_keeps_home_and_host_key(lab):
 # --------------------------------------------------------------------------- teardown (last)
 
 
+def _in_our_hosts(pid: str) -> bool:
+    """A live process chrooted in one of this instance's hosts (sshd, anything it started)."""
+    try:
+        root = os.readlink(f"/proc/{pid}/root")
+    except OSError:
+        return False
+    return root.startswith(f"{lab_state.HOSTS_DIR}/")
+
+
 def _controller_leftovers() -> dict[str, list[str]]:
+    """This instance's remains, found with the system tools (not p40lab's own bookkeeping);
+    another instance (the user's lab) may be up meanwhile and is not counted."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True)
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
     routes = subprocess.run(["ip", "route", "show"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    hosts_dir = f"{lab_state.HOSTS_DIR}/"
+    veth = f": {lab_state.VETH_PREFIX}{lab_state.HOST_PREFIX}"
     return {
-        "netns": [n for n in netns.split() if n.startswith("p40lab-")],
-        "mounts": [m for m in mounts.stdout.split() if m.startswith("/var/lib/p40lab/")],
+        "netns": [n for n in netns.split() if n.startswith(lab_state.NETNS_PREFIX + "lab")],
+        "mounts": [m for m in mounts.stdout.split() if m.startswith(f"{lab_state.LAB_DIR}/")],
         "processes": [
             line
             for line in ps.splitlines()
-            if (
-                "p40lab.supervisor" in line
-                or "/var/lib/p40lab/hosts" in line
-                or "sshd -D -e" in line
-            )
+            if ("p40lab.supervisor" in line and hosts_dir in line or _in_our_hosts(line.split()[0]))
             and " Z" not in line
         ],
-        "routes": [r for r in routes.splitlines() if "10.231.0." in r],
-        "links": [x for x in links.splitlines() if "labbr0" in x or ": p4v" in x],
+        "routes": [r for r in routes.splitlines() if f"{lab_state.NET}." in r],
+        "links": [x for x in links.splitlines() if f": {lab_state.BRIDGE}:" in x or veth in x],
     }
 
 

@@ -19,13 +19,14 @@ import pytest
 from facts.ray import RayStatus
 from p40fleet.ray import parse_status
 from p40lab import runs
+from p40lab.state import host_ip
 
 pytestmark = pytest.mark.lab
 
 GPUS = "1xP40,1xP40,1xP100"
 HOSTS = ("lab1", "lab2", "lab3")
 RAY = "/home/verl/miniconda3/envs/verl-p40/bin/ray"
-ADDRESS = "10.231.0.11:6379"
+ADDRESS = f"{host_ip(1)}:6379"  # lab1 of the test instance
 UNIT = "p40fleet-ray.service"
 ENV: dict[str, str] = {}
 

@@ -1,0 +1,116 @@
+"""Packaging and docs: the wheel holds p40fleet only; every ``docs/*.md`` the code cites exists.
+
+The wheel is built offline from a copy of the checkout (``pip wheel --no-deps
+--no-build-isolation``: setuptools comes with the dev extras), so the checkout stays clean.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+_SKIP_DIRS = {".git", ".venv", "build", "dist", "__pycache__", ".pytest_cache", ".ruff_cache"}
+_DOC_REF = re.compile(r"\bdocs/[\w./-]+?\.md\b(?:`{0,2})(?:\s*§\s*(\d+))?")
+
+
+def _source_files() -> list[Path]:
+    """The project's own text files (code, templates, config, docs), not the venv or caches."""
+    found = []
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info")]
+        for name in files:
+            if name.endswith((".py", ".sh", ".j2", ".toml", ".md", ".txt")) or name in (
+                "Makefile",
+                "run",
+                "systemctl",
+                "dkms",
+                "update-initramfs",
+            ):
+                found.append(Path(root, name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src") / "p40fleet"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(*_SKIP_DIRS, "*.egg-info", "*.pyc"))
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "--disable-pip-version-check", "-w", str(out), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (whl,) = out.glob("p40fleet-*.whl")
+    return whl
+
+
+def test_wheel_holds_p40fleet_only(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/", 1)[0] for n in names}
+    dist_info = {t for t in top if t.endswith(".dist-info")}
+    assert top - dist_info == {"p40fleet"}, sorted(top)  # no facts/, operations/, p40lab/
+    modules = {f"p40fleet/{p.name}" for p in (REPO / "p40fleet").glob("*.py")}
+    assert modules <= set(names), sorted(modules - set(names))
+    (info,) = dist_info
+    meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    assert "Requires-Dist: pyinfra" in meta
+
+
+def test_installed_verify_runs_from_the_checkout_and_says_so_elsewhere(wheel, tmp_path):
+    """The wheel's ``p40fleet.verify`` (not the checkout's) finds deploy/verify.py in the
+    working directory, and outside a checkout exits 2 saying where to run it."""
+    env = {**os.environ, "PYTHONPATH": str(wheel)}  # zipimport: before the editable install
+    where = (  # in the checkout, but not importing from it ('' on sys.path is the cwd)
+        "import os, sys; sys.path.remove(''); os.chdir(sys.argv[1]); "
+        "import p40fleet.verify_cli as v; print(v.__file__); print(v.DEPLOY)"
+    )
+    proc = subprocess.run([sys.executable, "-c", where, str(REPO)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    module, deploy = proc.stdout.split()
+    assert module.startswith(str(wheel)), proc.stdout + proc.stderr
+    assert deploy == str(REPO / "deploy" / "verify.py")
+    (tmp_path / "inventory.py").write_text("hosts = []\n")
+    elsewhere = subprocess.run(
+        [sys.executable, "-m", "p40fleet.verify", "inventory.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert elsewhere.returncode == 2, elsewhere.stderr
+    assert "run this from the p40fleet checkout" in elsewhere.stderr
+
+
+def test_every_cited_doc_exists():
+    cited: dict[str, list[str]] = {}
+    for path in _source_files():
+        text = path.read_text(errors="replace")
+        for m in _DOC_REF.finditer(text):
+            doc = m[0].split("`")[0].split("§")[0].strip()
+            where = f"{path.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}"
+            cited.setdefault(doc, []).append(where)
+            if m[1] and (REPO / doc).is_file():
+                heading = re.compile(rf"^#+\s*{m[1]}\.\s", re.M)
+                assert heading.search((REPO / doc).read_text()), f"{where}: {doc} has no §{m[1]}"
+    assert "docs/stack-facts.md" in cited  # the check looks where the citations are
+    missing = {doc: where for doc, where in cited.items() if not (REPO / doc).is_file()}
+    assert not missing, missing
+
+
+def test_short_citations_name_the_file():
+    """``stack-facts §N`` alone does not say where the facts are: cite the path."""
+    bare = re.compile(r"(?<![/\w])stack-facts(?!\.md)")
+    offenders = [
+        f"{p.relative_to(REPO)}:{n}"
+        for p in _source_files()
+        if p != Path(__file__)
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if bare.search(line)
+    ]
+    assert not offenders, offenders
