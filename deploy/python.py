@@ -20,6 +20,7 @@ from facts.host import Cpus, MemTotal
 from facts.python_env import EnvDistributions, MarkerText, env_dir, env_python
 from operations import apex, artifacts, conda, torch, training_user, verl
 from operations.preflight import refuse, validated_spec
+from p40fleet.preflight import verl_refusal
 from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
@@ -119,6 +120,17 @@ def deploy(spec: StackSpec) -> None:
             step="python layer",
             reason=f"GPUs {summary.gpus_str}: {summary.refused}",
             remedy="run deploy/facts.py and fix what it reports",
+        )
+        return
+    # A ref without rules for this profile (62549582 on Pascal) is this host's refusal, not a
+    # VerlPatchError for the whole run when this deploy runs on its own.
+    unserved = verl_refusal(spec.verl.ref, summary)
+    if unserved is not None:
+        refuse(
+            name="Refuse: verl ref",
+            step=unserved.step,
+            reason=unserved.reason,
+            remedy=unserved.remedy,
         )
         return
 
