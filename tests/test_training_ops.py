@@ -158,7 +158,17 @@ def test_unpack_script_refuses_an_archive_without_the_data_files(tmp_path):
 
 # --- the launch script ---------------------------------------------------------------------
 
-CONFIG = {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64}
+# the lab's tiny-qwen2 (p40lab/training_data.py): what the plan sizes the model from
+CONFIG = {
+    "model_type": "qwen2",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
 
 
 def launch(config, model_queued: bool, make_plan=None):

@@ -275,7 +275,7 @@ def direct_dists(verl_src: Path, ppo: dict[str, Found]) -> set[str]:
 
 
 def test_walk_finds_the_known_ppo_imports(ppo):
-    """The walk itself: the imports stack-facts §5 names are found where they are."""
+    """The walk itself: the imports docs/stack-facts.md §5 names are found where they are."""
     required = {m for m, f in ppo.items() if not f.optional}
     assert {"torchdata", "datasets", "peft", "accelerate", "codetiming"} <= required
     assert {"torch", "ray", "hydra", "transformers", "tensordict", "omegaconf"} <= required
@@ -358,7 +358,7 @@ def test_every_line_is_an_exact_pin(variant):
     ]
     assert not bad, f"{FILES[variant].name}: not pinned with ==: {bad}"
     assert not set(pins(FILES[variant])) & HELD, "torch is held by its own step, not pinned here"
-    # these pull other torch builds or need sm_70+/sm_80+ (stack-facts §5)
+    # these pull other torch builds or need sm_70+/sm_80+ (docs/stack-facts.md §5)
     movers = EXCLUDED_DISTS | {"torchvision", "torchaudio", "triton"}
     assert not set(pins(FILES[variant])) & movers, f"{FILES[variant].name} pins a torch mover"
 
