@@ -108,6 +108,24 @@ def test_bad_group_data_stops_that_host_only(fleet):
     home_intact(lab)
 
 
+def test_unsupported_verl_ref_refuses_that_host_only(fleet):
+    """Issue 16 item 5: the blog's verl pin (no HF rollout) on a P40 is that host's refusal,
+    from deploy/full.py and from deploy/python.py run alone, never a traceback for the run."""
+    lab = fleet["lab"]
+    seed = "62549582a71881fe861b09f8375e3aea80ac6754"
+    blog_pin = {"verl": {"ref": seed, "commit": seed, "version": "0.5.0.dev0"}}
+    env = dict(CONTROLLER_CACHE, P40LAB_STACK_HOST=json.dumps({"lab2": blog_pin}))
+    for deploy in ("deploy/full.py", "deploy/python.py"):
+        result = runs.run(deploy, env=env)
+        lines = error_lines(result, "lab2")
+        assert "Traceback" not in result.output, result.output[-3000:]
+        assert result.errors["lab2"] == 1 and not result.changed["lab2"], lines
+        assert f"verl ref {seed} is unsupported for profile pascal" in lines, lines
+        assert "v0.5.0" in lines, lines
+        assert not result.errors["lab1"], result.output[-3000:]
+    home_intact(lab)
+
+
 def test_artifact_missing_from_the_mirror_then_restored(fleet):
     lab = fleet["lab"]
     lab.reinstall("lab2")  # its artifact cache is gone: it must download again
