@@ -257,21 +257,26 @@ def build_report(
     return data
 
 
-def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Write the report as JSON (atomically: a temp file in the same dir, then rename)."""
+def _write_atomically(path: str | os.PathLike[str], text: str, prefix: str) -> None:
+    """Write ``text`` to ``path``: a temp file in the same directory, then a rename."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".p40fleet-report-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(report, handle, indent=2, sort_keys=False)
-            handle.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_report(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write the report as JSON (atomically: a temp file in the same dir, then rename)."""
+    text = json.dumps(report, indent=2, sort_keys=False) + "\n"
+    _write_atomically(path, text, ".p40fleet-report-")
 
 
 def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -459,15 +464,4 @@ def junit_xml(report: Mapping[str, Any]) -> str:
 
 def write_junit(report: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Write :func:`junit_xml` to ``path`` (atomically, like :func:`write_report`)."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".p40fleet-junit-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(junit_xml(report))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    _write_atomically(path, junit_xml(report), ".p40fleet-junit-")
