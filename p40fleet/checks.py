@@ -294,7 +294,7 @@ class _Ctx:
 
 def _gpus(ctx: _Ctx) -> Check:
     summary = summarize_host(
-        [g.device_id for g in ctx.pci],
+        ctx.pci,  # each PCI fact carries its model (catalog or chip family): no bare ids
         branch=ctx.spec.driver_branch,
         allow_maxwell=ctx.spec.policy.allow_maxwell,
     )
@@ -1236,7 +1236,7 @@ def run_checks(
     """
     pci = tuple(pci_gpus)
     summary = summarize_host(
-        [g.device_id for g in pci],
+        pci,
         branch=spec.driver_branch,
         allow_maxwell=spec.policy.allow_maxwell,
     )

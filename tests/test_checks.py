@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -795,3 +796,18 @@ def test_real_probe_runs_the_training_path(tmp_path):
     assert "torchdata_not_here" in trainer.remedy
     data = checks["data files"]
     assert data.status == FAIL and data.detail == f"missing: {params['val_file']}"
+
+
+def test_a_card_known_only_by_its_chip_family_is_not_unknown_to_verify():
+    """verify reads the same PCI facts as preflight: a model derived from pci.ids counts."""
+    from p40fleet.gpu_catalog import derive_model
+
+    device = 0x1B3F  # a GP102 id absent from the catalog
+    assert lookup(device) is None
+    gp102 = derive_model(device, "GP102GL [Tesla P40 variant]")
+    assert gp102 is not None and gp102.compute_capability == (6, 1)
+    gpus = [replace(p40("0000:00:06.0"), device_id=device, model=gp102), p40("0000:00:07.0")]
+    checks = checks_for(sections(), gpus=gpus)
+    assert checks["gpus"].status == PASS, checks["gpus"].detail
+    assert "unknown" not in checks["gpus"].detail
+    assert "chip family GP102" in checks["gpus"].detail
