@@ -28,7 +28,7 @@ demo: setup
 
 test: setup
 	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
-	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra
+	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra --durations=25
 
 lint: setup
 	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
