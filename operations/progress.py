@@ -60,13 +60,13 @@ class Stopwatch:
     def __init__(self, what: str, log: str | None = None) -> None:
         self.what, self.log, self.started = what, log, 0.0
 
-    def _start(self, state, host) -> bool:
+    def _stopwatch_start(self, state, host) -> bool:
         self.started = time.monotonic()
         where = f", log: {self.log}" if self.log else ""
         host.log(f"{self.what}: started{where}")
         return True
 
-    def _stop(self, state, host) -> bool:
+    def _stopwatch_stop(self, state, host) -> bool:
         where = f" (log: {self.log})" if self.log else ""
         took = format_seconds(time.monotonic() - self.started)
         host.log(f"{self.what}: done in {took}{where}")
@@ -74,8 +74,8 @@ class Stopwatch:
 
     def start(self) -> FunctionCommand:
         """Yield before the long command: says it started and where its log is."""
-        return FunctionCommand(self._start, (), {})
+        return FunctionCommand(self._stopwatch_start, (), {})
 
     def stop(self) -> FunctionCommand:
         """Yield after it: says how long it took (not reached when the command failed)."""
-        return FunctionCommand(self._stop, (), {})
+        return FunctionCommand(self._stopwatch_stop, (), {})
