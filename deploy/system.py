@@ -83,6 +83,7 @@ if spec is not None:
         extract_dir=paths.cudnn_extract_dir,
         version=spec.cudnn.version,
         force="cudnn" in force,
+        sha256=spec.cudnn.sha256,
     )
     cudnn.link(
         name="Hard-link cuDNN into the CUDA dir", src_dir=cudnn_tree, cuda_dir=paths.cuda_dir

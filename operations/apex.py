@@ -33,6 +33,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.python_env import EnvDistributions, MarkerText
+from operations.progress import Stopwatch
 from operations.torch import pip_command
 from operations.training_user import as_user
 from p40fleet import controller
@@ -211,6 +212,8 @@ def build_wheel(
     settings: list[str | QuoteString] = []
     for option in build_options:
         settings += ["--config-settings", QuoteString(f"--build-option={option}")]
+    watch = Stopwatch("apex build", log=log)
+    yield watch.start()
     yield as_user(
         user,
         StringCommand(
@@ -236,6 +239,7 @@ def build_wheel(
             ">&2; exit 1; }",
         ),
     )
+    yield watch.stop()
     yield as_user(
         user,
         StringCommand(

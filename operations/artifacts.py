@@ -2,17 +2,25 @@
 
 On the host, for ``/var/cache/p40fleet/X.run``::
 
-    X.run.part       the download in progress (deleted on a sum mismatch)
-    X.run            renamed from .part only after its sha256 matched
+    X.run.lock       flock(1) held for the whole download: one run at a time fetches X.run
+    X.run.part       the download in progress; an interrupted one is resumed (HTTP range)
+    X.run            renamed from .part only after the sha256 of the WHOLE file matched
     X.run.verified   marker ``SIZE MTIME SHA256``: a re-run compares size + mtime, never re-hashes
 
-A file already there without a valid marker (copied in by hand, touched) is hashed once: kept
-if its sum matches, downloaded again if not.
+Download, verify, rename and marker are ONE shell command run under the lock, so two runs can
+never move each other's half-written file into place. A resumed file whose sum is wrong (the
+mirror's copy changed under it) is deleted and fetched whole once more. The command prints its
+progress (every 10 % or 30 s) and pyinfra shows it at default verbosity (operations.progress).
+
+A file already there without a valid marker (copied in by hand, touched, or not root's) is
+hashed once: kept if its sum matches, downloaded again if not. The cache dir must be root's and
+not world-writable: root runs what is in it.
 """
 
 from __future__ import annotations
 
 import posixpath
+import shlex
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -20,9 +28,10 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.host import FreeSpace
 from facts.system import ArtifactState, marker_path
 from operations.preflight import refuse
+from operations.progress import streamed
 from p40fleet.spec import StackSpec
 
-__all__ = ["artifact", "artifact_path", "fetch", "format_bytes"]
+__all__ = ["artifact", "artifact_path", "download_command", "fetch", "format_bytes"]
 
 
 def format_bytes(count: int) -> str:
@@ -35,47 +44,93 @@ def artifact_path(spec: StackSpec, name: str) -> str:
     return posixpath.join(spec.paths.artifact_cache, spec.artifact(name).filename)
 
 
-def _download_script(url: str, part: str, sha256: str, filename: str) -> StringCommand:
-    """curl (or wget) to ``part``, then compare sums; on mismatch delete it and explain."""
-    q_url, q_part = QuoteString(url), QuoteString(part)
+def _fetch_function(url: str) -> str:
+    """Shell function ``fetch RESUME``: curl (or wget) to ``$p``, printing progress lines."""
+    q_url = shlex.quote(url)
+    return (
+        "fetch() { "
+        'if [ "$1" = 1 ] && [ -s "$p" ]; then '
+        'echo "$n: resuming from byte $(stat -c %s "$p")"; c="-C -"; w="-c"; '
+        'else rm -f "$p"; c=""; w=""; fi; '
+        "if command -v curl >/dev/null 2>&1; then "
+        f'curl -fsSL --retry 3 $c -o "$p" {q_url} & '
+        f'else wget -q --tries=3 $w -O "$p" {q_url} & fi; '
+        "pid=$!; t0=$(date +%s); last=$t0; step=-1; "
+        "while kill -0 $pid 2>/dev/null; do sleep 1; now=$(date +%s); "
+        'have=$(stat -c %s "$p" 2>/dev/null || echo 0); '
+        'if [ -n "$size" ] && [ "$size" -gt 0 ]; then '
+        "pct=$((have * 100 / size)); "
+        "if [ $((pct / 10)) -gt $step ] || [ $((now - last)) -ge 30 ]; then "
+        'echo "$n: $pct % ($have of $size bytes, $((now - t0)) s)"; '
+        "step=$((pct / 10)); last=$now; fi; "
+        "elif [ $((now - last)) -ge 30 ]; then "
+        'echo "$n: $have bytes ($((now - t0)) s)"; last=$now; fi; done; '
+        "wait $pid; }"
+    )
+
+
+def download_command(
+    url: str, sha256: str, dest_dir: str, filename: str, size: int | None = None
+) -> StringCommand:
+    """The one command that locks, resumes or downloads, verifies, renames and marks.
+
+    Exit 0 only when ``dest_dir/filename`` has the pinned sum and a fresh marker. Any other
+    outcome exits non-zero with a line naming the cause and the fix; a ``.part`` that merely
+    stopped (mirror down, network cut) is kept for the next run to resume.
+    """
+    sha256 = sha256.lower()
+    path = posixpath.join(dest_dir, filename)
     mismatch = (
         f"sha256 mismatch for {filename} (from {url}): expected {sha256}, got $got; "
-        f"the partial download was deleted. Remedy: check the mirror's copy of {filename} "
+        f"the download was deleted. Remedy: check the mirror's copy of {filename} "
         "(sha256sum it there) or correct the sha256 in the stack spec, then re-run"
     )
-    return StringCommand(
-        "rm -f",
-        q_part,
-        "&& if command -v curl >/dev/null 2>&1; then curl -fsSL --retry 3 -o",
-        q_part,
-        q_url,
-        "; else wget -q --tries=3 -O",
-        q_part,
-        q_url,
-        "; fi && got=$(sha256sum",
-        q_part,
-        "| cut -d' ' -f1) && if [ \"$got\" != ",
-        QuoteString(sha256),
-        "]; then rm -f",
-        q_part,
-        "; echo",
-        StringCommand(f'"{mismatch}"'),
-        ">&2; exit 1; fi",
+    unsafe_dir = (
+        f"{dest_dir} is owned by uid $o with mode $mo: another account could plant a file "
+        f"there that root then runs. Remedy: chown root:root {dest_dir} && chmod 0755 "
+        f"{dest_dir}, or set stack.paths.artifact_cache to a root-only directory, then re-run"
     )
-
-
-def _marker_command(path: str, sha256: str) -> StringCommand:
-    """Write ``SIZE MTIME SHA256`` of ``path`` to its marker (via a temp name)."""
-    marker = marker_path(path)
-    return StringCommand(
-        "echo \"$(stat -c '%s %Y'",
-        QuoteString(path),
-        f') {sha256}" >',
-        QuoteString(marker + ".tmp"),
-        "&& mv -f",
-        QuoteString(marker + ".tmp"),
-        QuoteString(marker),
+    busy = (
+        f"another p40fleet run is downloading {filename} (it holds {path}.lock). "
+        "Remedy: wait for that run to finish, then re-run"
     )
+    stopped = (
+        f"download of {filename} from {url} stopped (curl/wget exit $rc); the partial file "
+        f"{path}.part is kept and the next run resumes it. Remedy: check that the mirror "
+        "answers, then re-run"
+    )
+    script = " ".join(
+        [
+            f'd={shlex.quote(dest_dir)}; f={shlex.quote(path)}; p="$f.part"; '
+            f"m={shlex.quote(marker_path(path))}; n={shlex.quote(filename)}; "
+            f"want={sha256}; size={size or ''}; ",
+            # 0755, not 0700: the Miniconda installer in here runs as the training user.
+            'mkdir -p -m 0755 "$d" || exit 1; ',
+            'o=$(stat -c %u "$d"); mo=$(stat -c %a "$d"); ',
+            'if [ "$o" != 0 ] || [ $((0$mo & 2)) != 0 ]; then ',
+            f'echo "{unsafe_dir}" >&2; exit 1; fi; ',
+            'exec 9>>"$f.lock"; ',
+            "if command -v flock >/dev/null 2>&1 && ! flock -n 9; then ",
+            f'echo "{busy}" >&2; exit 1; fi; ',
+            "sum() { sha256sum \"$1\" | cut -d' ' -f1; }; ",
+            _fetch_function(url) + "; ",
+            'if [ -f "$f" ] && [ "$(sum "$f")" = "$want" ]; then ',
+            'echo "$n: already in $d, sha256 matches"; else ',
+            'rm -f "$f" "$m"; resumed=0; [ -s "$p" ] && resumed=1; ',
+            'fetch 1; rc=$?; got=$(sum "$p" 2>/dev/null); ',
+            # A resumed .part that fails (416 on a complete file) may still be whole.
+            'if [ $rc != 0 ] && [ "$got" != "$want" ]; then ',
+            f'echo "{stopped}" >&2; exit 1; fi; ',
+            'if [ "$got" != "$want" ] && [ $resumed = 1 ]; then ',
+            'echo "$n: sha256 of the resumed file is $got, not $want: fetching it whole"; ',
+            'fetch 0; rc=$?; got=$(sum "$p" 2>/dev/null); ',
+            f'if [ $rc != 0 ]; then echo "{stopped}" >&2; exit 1; fi; fi; ',
+            f'if [ "$got" != "$want" ]; then rm -f "$p"; echo "{mismatch}" >&2; exit 1; fi; ',
+            'mv -f "$p" "$f" && echo "$n: sha256 verified ($want)"; fi; ',
+            'echo "$(stat -c \'%s %Y\' "$f") $want" > "$m.tmp" && mv -f "$m.tmp" "$m"',
+        ]
+    )
+    return StringCommand("sh", "-c", QuoteString(script))
 
 
 @operation()
@@ -98,8 +153,17 @@ def fetch(
     sha256 = sha256.lower()
     filename = filename or posixpath.basename(url.split("?", 1)[0])
     path = posixpath.join(dest_dir, filename)
-    part = f"{path}.part"
     state = host.get_fact(ArtifactState, path=path)
+
+    if state.dir_problem:
+        yield from refuse._inner(
+            step=f"download {filename}",
+            reason=f"the artifact cache {dest_dir} is {state.dir_problem}: another account "
+            "could put a file there that root then runs",
+            remedy=f"chown root:root {dest_dir} && chmod 0755 {dest_dir}, or set "
+            "stack.paths.artifact_cache to a directory only root can write",
+        )
+        return
 
     if state.verified(sha256):
         host.noop(f"{filename} is in {dest_dir}, verified (sha256 {sha256[:12]}…)")
@@ -123,28 +187,12 @@ def fetch(
             )
             return
 
-    yield StringCommand("mkdir -p", QuoteString(dest_dir))
     if state.present:
-        # There without a valid marker: hash it once, keep it if it matches, else fetch again.
-        host.log(f"{filename}: no valid verified marker, checking its sha256 once")
-        yield StringCommand(
-            'if [ "$(sha256sum',
-            QuoteString(path),
-            "| cut -d' ' -f1)\" != ",
-            QuoteString(sha256),
-            "]; then rm -f",
-            QuoteString(path),
-            "&&",
-            _download_script(url, part, sha256, filename),
-            "&& mv -f",
-            QuoteString(part),
-            QuoteString(path),
-            "; fi",
-        )
-    else:
-        yield _download_script(url, part, sha256, filename)
-        yield StringCommand("mv -f", QuoteString(part), QuoteString(path))
-    yield _marker_command(path, sha256)
+        why = state.untrusted or "no valid verified marker"
+        host.log(f"{filename}: {why}: checking its sha256 once")
+    yield streamed(
+        download_command(url, sha256, dest_dir, filename, size), what=f"download {filename}"
+    )
 
 
 @operation()

@@ -16,6 +16,7 @@ from facts.host import FreeSpace
 from facts.system import CudaToolkit, GccMajor, NvccRelease
 from operations.artifacts import format_bytes
 from operations.preflight import refuse
+from operations.progress import Stopwatch
 
 __all__ = [
     "GCC_MAX",
@@ -105,8 +106,11 @@ def toolkit(
         )
         return
 
+    watch = Stopwatch("CUDA install", log="/var/log/cuda-installer.log")
+    yield watch.start()  # says where the (silent) installer logs, then how long it took
     yield StringCommand("mkdir -p", QuoteString(tmpdir))
     yield StringCommand("sh", QuoteString(runfile), *flags)
+    yield watch.stop()
 
 
 @operation()

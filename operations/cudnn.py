@@ -12,7 +12,13 @@ import posixpath
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.system import CudnnFiles, CudnnHeaderVersion, PathDevice
+from facts.system import (
+    CudnnExtracted,
+    CudnnFiles,
+    CudnnHeaderVersion,
+    PathDevice,
+    cudnn_marker_path,
+)
 from operations.preflight import refuse
 
 __all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify"]
@@ -60,23 +66,41 @@ def same_filesystem(extract_dir: str, cuda_dir: str):
 
 
 @operation()
-def extract(archive: str, extract_dir: str, version: str, force: bool = False):
+def extract(
+    archive: str, extract_dir: str, version: str, force: bool = False, sha256: str | None = None
+):
     """
-    Unpack the cuDNN tarball under ``extract_dir`` unless that version is already there.
+    Unpack the cuDNN tarball under ``extract_dir`` unless that version is completely there.
+
+    tar writes into ``<tree>.partial``; only after it exited 0 is the tree renamed into place
+    and its completion marker (the archive's sha256) written. A tree without that marker (an
+    interrupted extract, or one from before the marker existed) is unpacked again.
 
     + archive: path of the verified tarball on the host
     + extract_dir: parent dir of the unpacked tree
     + version: the pinned version, e.g. ``8.9.7.29``
     + force: unpack again (policy.force_reinstall)
+    + sha256: the archive's pinned sum; a marker naming another archive means unpack again
     """
     tree = extracted_dir(extract_dir, archive)
     found = host.get_fact(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h")
-    if found == _short(version) and not force:
+    marker = host.get_fact(CudnnExtracted, tree=tree)
+    complete = marker is not None and (sha256 is None or marker == sha256.lower())
+    if found == _short(version) and complete and not force:
         host.noop(f"cuDNN {found} is unpacked in {tree}")
         return
+    if found is not None and not complete and not force:
+        host.log(f"{tree} has no completion marker (an interrupted extract?): unpacking again")
+    partial, name = f"{tree}.partial", posixpath.basename(tree)
+    q_tree, q_partial = QuoteString(tree), QuoteString(partial)
     yield StringCommand(
-        "mkdir -p", QuoteString(extract_dir), "&& tar -xf", QuoteString(archive), "-C",
-        QuoteString(extract_dir),
+        "rm -rf", q_partial, "&& mkdir -p", q_partial, "&& tar -xf", QuoteString(archive),
+        "-C", q_partial, "&& test -d", QuoteString(f"{partial}/{name}"),
+        "&& rm -rf", q_tree, "&& mv", QuoteString(f"{partial}/{name}"), q_tree,
+        "&& rmdir", q_partial, "&& sha256sum", QuoteString(archive),
+        "| cut -d' ' -f1 >", QuoteString(cudnn_marker_path(tree) + ".tmp"),
+        "&& mv -f", QuoteString(cudnn_marker_path(tree) + ".tmp"),
+        QuoteString(cudnn_marker_path(tree)),
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import signal
 import socket
@@ -757,43 +758,118 @@ def restore_artifact(name: str, mirror_dir: Path = MIRROR_DIR) -> Path:
 # ---------------------------------------------------------------------------- HTTP server
 
 
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
 class _Handler(SimpleHTTPRequestHandler):
+    """The standard library's file server plus single byte ranges (RFC 9110 §14), so that
+    ``curl -C -`` resumes as against a real web server: ``206`` + ``Content-Range`` for a
+    satisfiable range, ``416`` + ``Content-Range: bytes */SIZE`` past the end, ``200`` (the
+    whole file) for a header it does not understand (several ranges, garbage), as the RFC
+    allows. ``rate`` (bytes/s, 0 = as fast as possible) slows the body down for fault tests."""
+
     access_log: Path = ACCESS_LOG
     protocol_version = "HTTP/1.0"
+    rate: int = 0
 
     def send_response(self, code, message=None):
         self._p40_status = code
         super().send_response(code, message)
 
+    def end_headers(self):
+        if self._p40_status in (200, 206):
+            self.send_header("Accept-Ranges", "bytes")
+        super().end_headers()
+
+    def _byte_range(self, size: int) -> tuple[int, int] | None | bool:
+        """``(first, last)`` asked for, ``None`` for no usable Range, ``False`` if unsatisfiable."""
+        match = _RANGE.fullmatch(self.headers.get("Range", "").strip())
+        if not match or match.group(1) == match.group(2) == "":
+            return None
+        first, last = match.group(1), match.group(2)
+        if first == "":  # suffix: the last N bytes
+            n = int(last)
+            return (max(size - n, 0), size - 1) if n > 0 and size > 0 else False
+        lo = int(first)
+        hi = min(int(last), size - 1) if last else size - 1
+        if last and int(last) < lo:
+            return None  # invalid: ignored, the whole file is sent
+        return (lo, hi) if lo < size else False
+
+    def send_head(self):
+        self._p40_left = None
+        if "Range" not in self.headers:
+            return super().send_head()
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            return super().send_head()
+        f = open(path, "rb")  # noqa: SIM115 - handed to copyfile, closed by the base class
+        size = os.fstat(f.fileno()).st_size
+        wanted = self._byte_range(size)
+        if wanted is None:
+            f.close()
+            return super().send_head()
+        if wanted is False:
+            f.close()
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        lo, hi = wanted
+        f.seek(lo)
+        self._p40_left = hi - lo + 1
+        self.send_response(206)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Content-Range", f"bytes {lo}-{hi}/{size}")
+        self.send_header("Content-Length", str(hi - lo + 1))
+        self.send_header("Last-Modified", self.date_time_string(int(os.path.getmtime(path))))
+        self.end_headers()
+        return f
+
     def copyfile(self, source, outputfile):
-        n = 0
-        while True:
-            buf = source.read(64 * 1024)
+        left = getattr(self, "_p40_left", None)
+        chunk = max(1024, self.rate // 10) if self.rate else 64 * 1024
+        while left is None or left > 0:
+            buf = source.read(chunk if left is None else min(chunk, left))
             if not buf:
                 break
             outputfile.write(buf)
-            n += len(buf)
-        self._p40_sent = getattr(self, "_p40_sent", 0) + n
+            # counted as it goes: a client cut off mid-body was still sent these bytes
+            self._p40_sent = getattr(self, "_p40_sent", 0) + len(buf)
+            if left is not None:
+                left -= len(buf)
+            if self.rate:
+                outputfile.flush()
+                time.sleep(len(buf) / self.rate)
 
     def handle_one_request(self):
         self._p40_sent = 0
         self._p40_status = 0
-        super().handle_one_request()
-        if getattr(self, "command", None):
-            line = (
-                f"{time.time():.3f} {self.client_address[0]} {self.command} {self.path} "
-                f"{self._p40_status} {self._p40_sent}\n"
-            )
-            with open(self.access_log, "a") as f:
-                f.write(line)
+        try:
+            super().handle_one_request()
+        finally:
+            if getattr(self, "command", None):
+                line = (
+                    f"{time.time():.3f} {self.client_address[0]} {self.command} {self.path} "
+                    f"{self._p40_status} {self._p40_sent}\n"
+                )
+                with open(self.access_log, "a") as f:
+                    f.write(line)
 
     def log_message(self, format, *args):  # noqa: A002 - stdlib signature
         pass
 
 
-def serve(mirror_dir: Path, bind: str = BIND, port: int = PORT, access_log: Path = ACCESS_LOG):
+def serve(
+    mirror_dir: Path,
+    bind: str = BIND,
+    port: int = PORT,
+    access_log: Path = ACCESS_LOG,
+    rate: int = 0,
+):
     access_log.parent.mkdir(parents=True, exist_ok=True)
-    handler = type("Handler", (_Handler,), {"access_log": access_log})
+    handler = type("Handler", (_Handler,), {"access_log": access_log, "rate": rate})
 
     def make(*a, **kw):
         return handler(*a, directory=str(mirror_dir), **kw)
@@ -826,9 +902,11 @@ def start_server(
     access_log: Path = ACCESS_LOG,
     pid_file: Path = PID_FILE,
     timeout: float = 10.0,
+    rate: int = 0,
 ) -> int:
     """Start ``python -m p40lab.mirror serve`` in the background, bound ONLY to ``bind``.
-    Writes ``pid_file``; returns the PID once the port accepts connections."""
+    Writes ``pid_file``; returns the PID once the port accepts connections. ``rate``: bytes/s
+    per response (0: unthrottled), to cut a download halfway in a fault test."""
     mirror_dir = Path(mirror_dir or MIRROR_DIR)
     stop_server(pid_file=pid_file)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -838,6 +916,7 @@ def start_server(
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-m", "p40lab.mirror", "serve", "--dir", str(mirror_dir)]
     cmd += ["--bind", bind, "--port", str(port), "--access-log", str(access_log)]
+    cmd += ["--rate", str(rate)]
     with open(access_log.with_name("mirror-server.log"), "a") as errlog:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
@@ -924,6 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bind", default=BIND)
     s.add_argument("--port", type=int, default=PORT)
     s.add_argument("--access-log", type=Path, default=ACCESS_LOG)
+    s.add_argument("--rate", type=int, default=0, help="bytes/s per response (0: unthrottled)")
     st = sub.add_parser("start")
     st.add_argument("--dir", type=Path, default=MIRROR_DIR)
     st.add_argument("--bind", default=BIND)
@@ -938,7 +1018,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "build":
         print(json.dumps(ensure_mirror(None, a.dir, force=a.force), indent=2))
     elif a.cmd == "serve":
-        serve(a.dir, a.bind, a.port, a.access_log)
+        serve(a.dir, a.bind, a.port, a.access_log, a.rate)
     elif a.cmd == "start":
         print(start_server(a.dir, a.bind, a.port))
     elif a.cmd == "stop":

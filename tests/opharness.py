@@ -59,6 +59,8 @@ __all__ = ["FactKey", "MissingFact", "OpResult", "at", "make_host", "run_op"]
 
 #: Names a refusal's FunctionCommand may have (operations.preflight.refuse uses ``_fail``).
 FAIL_FUNCTION_NAMES = ("_fail", "_refuse")
+#: Timing steps (operations.progress.Stopwatch) change nothing: left out of ``commands``.
+TIMING_TEXTS = ("function _stopwatch_start", "function _stopwatch_stop")
 
 
 @dataclass(frozen=True)
@@ -204,7 +206,9 @@ def run_op(
     with ctx_state.use(state), ctx_host.use(host):
         for command in func(*args, **kwargs):
             result.raw.append(command)
-            result.commands.append(_render(command, result))
+            text = _render(command, result)
+            if text not in TIMING_TEXTS:  # operations.progress.Stopwatch: in raw/functions only
+                result.commands.append(text)
     return result
 
 

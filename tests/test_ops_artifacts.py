@@ -47,7 +47,13 @@ def test_verified_artifact_is_a_noop():
     assert r.facts_asked == [f"ArtifactState(path='{CACHE}/y.run')"]  # no FreeSpace, no hashing
 
 
-def test_absent_downloads_from_the_mirror_to_part_then_renames_and_marks():
+def script(result, index: int = 0) -> str:
+    """The shell command inside the ``index``-th streamed step (``function _stream``)."""
+    streams = [f for f in result.functions if f.function.__name__ == "_stream"]
+    return streams[index].args[0].get_raw_value()
+
+
+def test_absent_downloads_in_one_command_that_resumes_verifies_renames_and_marks():
     spec = load_spec("lab1", {"mirror": {"artifacts_url": MIRROR}})
     r = run_op(
         artifacts.artifact,
@@ -56,13 +62,16 @@ def test_absent_downloads_from_the_mirror_to_part_then_renames_and_marks():
         facts={ArtifactState: ArtifactFile(), FreeSpace: space(10**11)},
     )
     f = f"{CACHE}/cuda_11.8.0_520.61.05_linux.run"
-    assert r.commands[0] == f"mkdir -p {CACHE}"
-    download = r.commands[1]
-    assert f"curl -fsSL --retry 3 -o {f}.part {MIRROR}/cuda_11.8.0_520.61.05_linux.run" in download
-    assert f"sha256sum {f}.part" in download and spec.cuda.sha256 in download
-    assert "| sh" not in download
-    assert r.commands[2] == f"mv -f {f}.part {f}"
-    assert f"> {f}.verified.tmp" in r.commands[3] and spec.cuda.sha256 in r.commands[3]
+    # S10: one step, so no other run can slip between download, check, rename and marker
+    assert r.commands == ["function _stream"]
+    cmd = script(r)
+    assert cmd.startswith("sh -c ") and f"f={f};" in cmd
+    assert f"{MIRROR}/cuda_11.8.0_520.61.05_linux.run" in cmd and spec.cuda.sha256 in cmd
+    assert "flock -n 9" in cmd and "curl -fsSL --retry 3 $c" in cmd and 'c="-C -"' in cmd
+    assert cmd.index("flock -n 9") < cmd.index("curl") < cmd.index('mv -f "$p" "$f"')
+    assert cmd.index('mv -f "$p" "$f"') < cmd.index('> "$m.tmp"')
+    assert f"size={spec.cuda.size};" in cmd  # progress in % of the known size
+    assert "| sh" not in cmd
 
 
 def test_no_mirror_means_upstream_url():
@@ -73,7 +82,7 @@ def test_no_mirror_means_upstream_url():
         spec=spec,
         facts={ArtifactState: ArtifactFile(), FreeSpace: space(10**11)},
     )
-    assert spec.driver.url in r.commands[1]
+    assert spec.driver.url in script(r)
 
 
 def test_not_enough_space_refuses_and_says_how_much_is_missing():
@@ -101,9 +110,9 @@ def test_present_without_valid_marker_is_hashed_once_not_blindly_downloaded():
         size=10,
         facts={ArtifactState: touched},
     )
-    assert r.commands[1].startswith(f'if [ "$(sha256sum {CACHE}/y.run')
-    assert "curl -fsSL --retry 3" in r.commands[1]
-    assert r.commands[-1].endswith(f"{CACHE}/y.run.verified")
+    assert r.commands == ["function _stream"]
+    assert 'if [ -f "$f" ] && [ "$(sum "$f")" = "$want" ]' in script(r)  # hashed, kept if good
+    assert "no valid verified marker" in r.logs[0]
 
 
 @pytest.fixture
@@ -115,12 +124,8 @@ def payload(tmp_path):
 
 
 def _run_all(result) -> subprocess.CompletedProcess:
-    out = None
-    for command in result.commands:
-        out = sh(command)
-        if out.returncode != 0:
-            return out
-    return out
+    assert result.commands == ["function _stream"], result.commands
+    return sh(script(result))
 
 
 @pytest.mark.skipif(
@@ -137,7 +142,7 @@ def test_download_script_for_real_then_fact_says_verified(tmp_path, payload):
         facts={ArtifactState: ArtifactFile()},
     )
     assert _run_all(r).returncode == 0
-    assert sorted(os.listdir(cache)) == ["thing.run", "thing.run.verified"]
+    assert sorted(os.listdir(cache)) == ["thing.run", "thing.run.lock", "thing.run.verified"]
     state = fact_on_this_machine(ArtifactState, path=f"{cache}/thing.run")
     assert state.verified(digest)
     # second run: the real fact feeds the op -> nothing to do
@@ -167,7 +172,7 @@ def test_sum_mismatch_deletes_the_part_and_names_file_sums_and_remedy(tmp_path, 
     )
     out = _run_all(r)
     assert out.returncode != 0
-    assert os.listdir(cache) == []
+    assert os.listdir(cache) == ["thing.run.lock"]  # the .part is gone
     assert "sha256 mismatch for thing.run" in out.stderr
     assert f"expected {SUM}, got {digest}" in out.stderr
     assert "Remedy:" in out.stderr
@@ -202,3 +207,254 @@ def test_harness_specific_key_wins_and_callables_get_arguments():
     )
     assert seen == ["/c/y.run"]
     assert r.commands == ["function _fail"] and r.changed
+
+
+# --- resume, verify, lock, progress: the command run with sh against the lab mirror's server --
+
+
+@pytest.fixture
+def range_server(tmp_path):
+    """p40lab's mirror HTTP server (ranges, access log) on 127.0.0.1, serving tmp_path/srv."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from p40lab import mirror
+
+    root, log = tmp_path / "srv", tmp_path / "access.log"
+    root.mkdir()
+    handler = type("H", (mirror._Handler,), {"access_log": log, "rate": 0})
+    srv = ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a, **kw: handler(*a, directory=str(root), **kw)
+    )
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    info = {
+        "url": f"http://127.0.0.1:{srv.server_address[1]}",
+        "root": root,
+        "log": log,
+        "handler": handler,
+    }
+    yield info
+    srv.shutdown()
+    srv.server_close()
+
+
+def served(log) -> list[tuple[int, int]]:
+    """(status, body bytes) per request, from the mirror's access log."""
+    from p40lab import mirror
+
+    return [(e["status"], e["bytes"]) for e in mirror.access_entries(log)]
+
+
+def blob(size: int) -> bytes:
+    return (hashlib.sha256(b"seed").digest() * (size // 32 + 1))[:size]
+
+
+def _cmd(server, cache, data, name="big.run", with_size=True):
+    (server["root"] / name).write_bytes(data)
+    return artifacts.download_command(
+        f"{server['url']}/{name}",
+        hashlib.sha256(data).hexdigest(),
+        str(cache),
+        name,
+        len(data) if with_size else None,
+    ).get_raw_value()
+
+
+needs_tools = pytest.mark.skipif(
+    sh("command -v curl && command -v flock && command -v sha256sum").returncode != 0,
+    reason="needs curl, flock, sha256sum",
+)
+
+
+@needs_tools
+def test_interrupted_part_is_resumed_with_a_range_and_the_whole_file_verified(
+    tmp_path, range_server
+):
+    data, cache = blob(300_000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(data[:120_000])  # left by an interrupted run
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    assert "big.run: resuming from byte 120000" in out.stdout
+    assert "sha256 verified" in out.stdout
+    assert served(range_server["log"]) == [(206, 180_000)]  # only the rest was fetched
+    assert (cache / "big.run").read_bytes() == data
+    state = fact_on_this_machine(ArtifactState, path=f"{cache}/big.run")
+    assert state.verified(hashlib.sha256(data).hexdigest())
+    assert not (cache / "big.run.part").exists()
+
+
+@needs_tools
+def test_resumed_file_with_a_bad_sum_is_fetched_whole_once_more(tmp_path, range_server):
+    data, cache = blob(200_000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(b"x" * 50_000)  # the start of another file
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    assert "fetching it whole" in out.stdout
+    assert served(range_server["log"]) == [(206, 150_000), (200, 200_000)]
+    assert (cache / "big.run").read_bytes() == data
+
+
+@needs_tools
+def test_complete_part_is_verified_without_downloading_again(tmp_path, range_server):
+    data, cache = blob(50_000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data, with_size=False)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(data)  # cut just before the rename
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    assert served(range_server["log"]) == [(416, 0)]
+    assert (cache / "big.run").read_bytes() == data
+
+
+@needs_tools
+def test_mirror_gone_keeps_the_part_for_the_next_run(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(b"y" * 1000)
+    cmd = artifacts.download_command("http://127.0.0.1:9/big.run", SUM, str(cache), "big.run")
+    out = sh(cmd.get_raw_value())
+    assert out.returncode != 0
+    assert "stopped" in out.stderr and "the next run resumes it" in out.stderr
+    assert "Remedy: check that the mirror answers" in out.stderr
+    assert (cache / "big.run.part").read_bytes() == b"y" * 1000
+
+
+@needs_tools
+def test_another_run_holding_the_lock_is_refused_and_its_part_untouched(tmp_path, range_server):
+    data, cache = blob(10_000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(data[:10])
+    holder = subprocess.Popen(["flock", str(cache / "big.run.lock"), "sleep", "30"])
+    try:
+        for _ in range(50):  # until the holder has it
+            if sh(f"flock -n {cache}/big.run.lock true").returncode != 0:
+                break
+            __import__("time").sleep(0.05)
+        out = sh(cmd)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.returncode != 0
+    assert "another p40fleet run is downloading big.run" in out.stderr
+    assert served(range_server["log"]) == []
+    assert (cache / "big.run.part").read_bytes() == data[:10] and not (cache / "big.run").exists()
+
+
+@needs_tools
+def test_progress_every_ten_percent_while_it_downloads(tmp_path, range_server):
+    data, cache = blob(100_000), tmp_path / "cache"
+    range_server["handler"].rate = 30_000  # ~3.3 s
+    cmd = _cmd(range_server, cache, data)
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if " % (" in ln]
+    percents = [int(ln.split(": ", 1)[1].split(" %")[0]) for ln in lines]
+    assert len(percents) >= 3 and percents == sorted(percents), out.stdout
+    assert f"of {len(data)} bytes" in lines[0]
+
+
+@needs_tools
+def test_world_writable_cache_dir_is_refused_by_the_command_itself(tmp_path, range_server):
+    data, cache = blob(1000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data)
+    cache.mkdir()
+    cache.chmod(0o1777)
+    out = sh(cmd)
+    assert out.returncode != 0
+    assert f"{cache} is owned by uid 0 with mode 1777" in out.stderr
+    assert "chmod 0755" in out.stderr
+    assert served(range_server["log"]) == []
+
+
+# --- S7: owner and mode of the cache dir, the file and the marker --------------------------
+
+
+def test_marker_not_owned_by_root_makes_fetch_hash_again():
+    forged = ArtifactFile(
+        size=10, mtime=5, marker_size=10, marker_mtime=5, marker_sha256=SUM, marker_uid=1000
+    )
+    assert not forged.verified(SUM)
+    r = run_op(
+        artifacts.fetch,
+        url="http://x/y.run",
+        sha256=SUM,
+        dest_dir=CACHE,
+        facts={ArtifactState: forged},
+    )
+    assert r.commands == ["function _stream"]
+    assert "its marker is owned by uid 1000, not root" in r.logs[0]
+    assert 'if [ -f "$f" ] && [ "$(sum "$f")" = "$want" ]' in script(r)
+
+
+def test_group_writable_file_is_not_trusted_on_its_marker():
+    state = ArtifactFile(
+        size=10, mtime=5, marker_size=10, marker_mtime=5, marker_sha256=SUM, mode=0o664
+    )
+    assert not state.verified(SUM) and "mode 0664" in (state.untrusted or "")
+
+
+def test_world_writable_cache_dir_refuses_the_host_with_cause_and_fix():
+    state = ArtifactFile(
+        size=10, mtime=5, marker_size=10, marker_mtime=5, marker_sha256=SUM, dir_mode=0o1777
+    )
+    r = run_op(
+        artifacts.fetch,
+        url="http://x/y.run",
+        sha256=SUM,
+        dest_dir="/tmp",
+        facts={ArtifactState: state},
+    )
+    assert r.commands == ["function _fail"]
+    (message,) = r.failures
+    assert "download y.run" in message and "/tmp is mode 1777" in message
+    assert "chown root:root /tmp && chmod 0755 /tmp" in message
+
+
+def test_fact_reads_owner_and_mode_of_dir_file_and_marker(tmp_path):
+    cache = tmp_path / "c"
+    cache.mkdir(mode=0o755)
+    f = cache / "y.run"
+    f.write_bytes(b"x")
+    st = f.stat()
+    (cache / "y.run.verified").write_text(f"{st.st_size} {int(st.st_mtime)} {SUM}\n")
+    state = fact_on_this_machine(ArtifactState, path=str(f))
+    assert (state.dir_uid, state.dir_mode, state.uid) == (os.getuid(), 0o755, os.getuid())
+    if os.getuid() != 0:
+        pytest.skip("the rest needs root (chown)")
+    assert state.verified(SUM)
+    os.chown(cache / "y.run.verified", 1000, 1000)  # a forged marker of another account
+    assert not fact_on_this_machine(ArtifactState, path=str(f)).verified(SUM)
+    os.chown(cache / "y.run.verified", 0, 0)
+    cache.chmod(0o1777)
+    state = fact_on_this_machine(ArtifactState, path=str(f))
+    assert not state.verified(SUM) and state.dir_problem == "mode 1777 (writable by others)"
+
+
+def test_streamed_step_prints_output_and_keeps_the_operations_sudo():
+    from pyinfra.api import StringCommand
+
+    from operations import progress
+
+    calls, logs = [], []
+
+    class FakeHost:
+        current_op_global_arguments = {"_sudo": True, "_sudo_user": None, "_serial": False}
+
+        def run_shell_command(self, command, **kwargs):
+            calls.append((command, kwargs))
+            return True, []
+
+        def log(self, message):
+            logs.append(message)
+
+    step = progress.streamed(StringCommand("echo", "hi"), "download x")
+    assert step.execute(None, FakeHost(), {}) is True
+    ((command, kwargs),) = calls
+    assert command.get_raw_value() == "echo hi"
+    assert kwargs == {"print_output": True, "_sudo": True, "_sudo_user": None}
+    assert logs and logs[0].startswith("download x: done in ")

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from facts.system import CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
+from facts.system import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
 from operations import cudnn
 from tests.opharness import at, run_op
 
@@ -53,24 +53,103 @@ def test_extract_dir_name():
     assert cudnn.extracted_dir(SRC_ROOT, TAR) == TREE
 
 
-def test_extract_when_absent_and_noop_when_there():
+ARCHIVE_SUM = "c" * 64
+
+
+def test_extract_into_partial_then_rename_then_mark_and_noop_when_marked():
     header = f"{TREE}/include/cudnn_version.h"
     r = run_op(
         cudnn.extract,
         archive=TAR,
         extract_dir=SRC_ROOT,
         version="8.9.7.29",
-        facts={at(CudnnHeaderVersion, path=header): None},
+        sha256=ARCHIVE_SUM,
+        facts={at(CudnnHeaderVersion, path=header): None, CudnnExtracted: None},
     )
-    assert r.commands == [f"mkdir -p {SRC_ROOT} && tar -xf {TAR} -C {SRC_ROOT}"]
+    (cmd,) = r.commands
+    assert f"tar -xf {TAR} -C {TREE}.partial" in cmd
+    name = TREE.rsplit("/", 1)[1]
+    # the tree gets its name only after tar exited 0, the marker after that
+    assert cmd.index("tar -xf") < cmd.index(f"mv {TREE}.partial/{name} {TREE}")
+    assert cmd.index(f"{TREE}.partial/{name} {TREE}") < cmd.index(f"{TREE}/.p40fleet-extracted")
     r = run_op(
         cudnn.extract,
         archive=TAR,
         extract_dir=SRC_ROOT,
         version="8.9.7.29",
-        facts={CudnnHeaderVersion: "8.9.7"},
+        sha256=ARCHIVE_SUM,
+        facts={CudnnHeaderVersion: "8.9.7", at(CudnnExtracted, tree=TREE): ARCHIVE_SUM},
     )
     assert r.commands == [] and r.noops
+
+
+def test_tree_without_completion_marker_is_extracted_again():
+    # S11: the header says 8.9.7 but tar never finished (or an older run wrote no marker)
+    for marker in (None, "d" * 64):  # none, or one naming another archive
+        r = run_op(
+            cudnn.extract,
+            archive=TAR,
+            extract_dir=SRC_ROOT,
+            version="8.9.7.29",
+            sha256=ARCHIVE_SUM,
+            facts={CudnnHeaderVersion: "8.9.7", CudnnExtracted: marker},
+        )
+        assert len(r.commands) == 1 and "tar -xf" in r.commands[0]
+    assert "no completion marker" in r.logs[0]
+
+
+def _tarball(tmp_path: Path) -> tuple[Path, bytes]:
+    import io
+    import tarfile
+
+    name = TREE.rsplit("/", 1)[1]
+    archive = tmp_path / f"{name}.tar"
+    lib = os.urandom(2_000_000)
+    with tarfile.open(archive, "w") as tf:
+        for rel, data in [
+            ("include/cudnn_version.h", b"#define CUDNN_MAJOR 8\n#define CUDNN_MINOR 9\n"
+             b"#define CUDNN_PATCHLEVEL 7\n"),
+            ("lib/libcudnn_ops_infer.so.8.9.7", lib),
+        ]:  # fmt: skip
+            info = tarfile.TarInfo(f"{name}/{rel}")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return archive, lib
+
+
+def _fact(cls, **kwargs):
+    fact = cls()
+    out = subprocess.run(["sh", "-c", fact.command(**kwargs)], capture_output=True, text=True)
+    return fact.process(out.stdout.splitlines())
+
+
+def test_interrupted_extract_is_redone_for_real(tmp_path):
+    import hashlib
+
+    archive, lib = _tarball(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    # the review's S11 block: tar cut off after the header, inside the library
+    subprocess.run(f"head -c 1000000 {archive} | tar -xf - -C {src}", shell=True)
+    tree = cudnn.extracted_dir(str(src), str(archive))
+    assert os.path.getsize(f"{tree}/lib/libcudnn_ops_infer.so.8.9.7") < len(lib)
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+    facts = {
+        CudnnHeaderVersion: _fact(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h"),
+        CudnnExtracted: _fact(CudnnExtracted, tree=tree),
+    }
+    assert facts[CudnnHeaderVersion] == "8.9.7" and facts[CudnnExtracted] is None
+    r = run_op(cudnn.extract, archive=str(archive), extract_dir=str(src), version="8.9.7.29",
+               sha256=sha, facts=facts)  # fmt: skip
+    (cmd,) = r.commands
+    assert subprocess.run(["sh", "-c", cmd]).returncode == 0
+    assert Path(f"{tree}/lib/libcudnn_ops_infer.so.8.9.7").read_bytes() == lib
+    assert sorted(os.listdir(src)) == [Path(tree).name]  # no .partial left
+    assert _fact(CudnnExtracted, tree=tree) == sha
+    # a tar that fails leaves the complete tree alone and never renames a partial one
+    archive.write_bytes(archive.read_bytes()[:1_000_000])
+    assert subprocess.run(["sh", "-c", cmd], capture_output=True).returncode != 0
+    assert Path(f"{tree}/lib/libcudnn_ops_infer.so.8.9.7").read_bytes() == lib
 
 
 # --- link (facts in, commands out) -----------------------------------------------------------

@@ -160,6 +160,54 @@ def test_mirror_not_answering_then_back(fleet):
     home_intact(lab)
 
 
+def test_download_cut_halfway_resumes_with_a_range_and_verifies_the_whole_file(fleet):
+    """Issue 13: the mirror stops halfway through the CUDA runfile; the re-run fetches only
+    the rest (HTTP range) and checks the sha256 of the whole file. Progress shows at default
+    verbosity."""
+    import threading
+
+    lab, name = fleet["lab"], "cuda_11.8.0_520.61.05_linux.run"
+    cached = f"/var/cache/p40fleet/{name}"
+    part = lab.root("lab2") / f"{cached.lstrip('/')}.part"
+    total = (mirror.MIRROR_DIR / "artifacts" / name).stat().st_size
+    lab.ssh("lab2", f"rm -f {cached} {cached}.verified {cached}.part", check=True)
+    env = dict(CONTROLLER_CACHE)
+    mirror.start_server(rate=max(total // 20, 1024))  # ~20 s for the whole file
+    try:
+        runs_out: list = []
+        cut = threading.Thread(
+            target=lambda: runs_out.append(runs.run("deploy/system.py", "--limit", "lab2", env=env))
+        )
+        cut.start()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and cut.is_alive():
+            if part.exists() and part.stat().st_size >= total * 0.3:
+                break
+            time.sleep(0.2)
+        mirror.stop_server()  # the mirror goes away mid-download
+        cut.join(timeout=600)
+    finally:
+        mirror.start_server()
+    (first,) = runs_out
+    lines = error_lines(first, "lab2")
+    assert first.errors["lab2"] == 1, first.output[-3000:]
+    assert f"download of {name}" in lines and "the next run resumes it" in lines, lines
+    assert f"{name}: " in lines and " % (" in lines, lines  # progress at default verbosity
+    kept = part.stat().st_size
+    assert 0 < kept < total
+    since = time.time()
+    second = runs.run("deploy/system.py", "--limit", "lab2", env=env)
+    lines = error_lines(second, "lab2")
+    assert not second.errors["lab2"], second.output[-3000:]
+    assert f"{name}: resuming from byte {kept}" in lines and "sha256 verified" in lines, lines
+    fetched = mirror.bytes_served(since=since, path_prefix=f"/artifacts/{name}")
+    assert fetched == total - kept, (fetched, total, kept)  # only the rest
+    print(f"resume: {kept} of {total} bytes kept, {fetched} fetched on the re-run")
+    marker = lab.ssh("lab2", f"cat {cached}.verified", check=True).stdout.split()
+    want = lab.ssh("lab2", f"sha256sum {cached}", check=True).stdout.split()[0]
+    assert marker[2] == want == mirror.sha256_file(mirror.MIRROR_DIR / "artifacts" / name)
+
+
 def test_too_little_space_for_the_cuda_unpack(fleet):
     lab = fleet["lab"]
     lab.reinstall("lab2")
