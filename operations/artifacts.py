@@ -38,10 +38,11 @@ def artifact_path(spec: StackSpec, name: str) -> str:
 def _download_script(url: str, part: str, sha256: str, filename: str) -> StringCommand:
     """curl (or wget) to ``part``, then compare sums; on mismatch delete it and explain."""
     q_url, q_part = QuoteString(url), QuoteString(part)
-    mismatch = (
-        f"sha256 mismatch for {filename} (from {url}): expected {sha256}, got $got; "
-        f"the partial download was deleted. Remedy: check the mirror's copy of {filename} "
-        "(sha256sum it there) or correct the sha256 in the stack spec, then re-run"
+    mismatch = printf_line(
+        f"sha256 mismatch for {filename} (from {url}): expected {sha256}, got ",
+        StringCommand('"$got"'),
+        f"; the partial download was deleted. Remedy: check the mirror's copy of {filename} "
+        "(sha256sum it there) or correct the sha256 in the stack spec, then re-run",
     )
     return StringCommand(
         "rm -f",
@@ -58,10 +59,17 @@ def _download_script(url: str, part: str, sha256: str, filename: str) -> StringC
         QuoteString(sha256),
         "]; then rm -f",
         q_part,
-        "; echo",
-        StringCommand(f'"{mismatch}"'),
+        ";",
+        mismatch,
         ">&2; exit 1; fi",
     )
+
+
+def printf_line(*parts: str | StringCommand) -> StringCommand:
+    """``printf`` of ``parts`` and a newline: text parts are single-quoted (never parsed by the
+    shell, whatever a URL or file name holds); a StringCommand part (``'"$got"'``) goes as is."""
+    words = [p if isinstance(p, StringCommand) else QuoteString(p) for p in parts]
+    return StringCommand("printf", "'" + "%s" * len(parts) + "\\n'", *words)
 
 
 def _marker_command(path: str, sha256: str) -> StringCommand:

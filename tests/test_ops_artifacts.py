@@ -202,3 +202,27 @@ def test_harness_specific_key_wins_and_callables_get_arguments():
     )
     assert seen == ["/c/y.run"]
     assert r.commands == ["function _fail"] and r.changed
+
+
+@pytest.mark.skipif(sh("command -v curl").returncode != 0, reason="needs curl")
+def test_url_and_file_name_are_never_parsed_by_the_shell(tmp_path):
+    """S5: a $(...), a backtick or a ; in the URL or the file name runs nothing (mismatch path)."""
+    name = "a$(touch X)`touch Y`;touch Z.run"
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "a.run").write_text("not the pinned bytes\n")
+    r = run_op(
+        artifacts.fetch,
+        url=f"file://{tmp_path}/www/a.run?$(touch${{IFS}}U)",  # curl ignores a file:// query
+        sha256=SUM,
+        dest_dir=str(tmp_path / "cache"),
+        filename=name,
+        facts={ArtifactState: ArtifactFile()},
+    )
+    for command in r.commands:  # as pyinfra runs them: up to the first that fails
+        out = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True)
+        if out.returncode != 0:
+            break
+    assert out.returncode != 0
+    assert f"sha256 mismatch for {name} (from file://" in out.stderr, out.stderr
+    assert "a.run?$(touch${IFS}U)" in out.stderr
+    assert not [n for n in ("X", "Y", "Z", "U") if (tmp_path / n).exists()]
