@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import posixpath
 
-from pyinfra import host, state
+from pyinfra import host, local, state
 from pyinfra.operations import files
 
 from facts.gpu import PciGpus
@@ -306,6 +306,8 @@ def verl_checkout_moves(spec: StackSpec) -> bool:
     return host.get_fact(GitCheckout, path=spec.env.verl_checkout).head != spec.verl.commit
 
 
+# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
+local.include("deploy/preflight.py")
 _spec = validated_spec()
 if _spec is not None:
     deploy(_spec)

@@ -12,7 +12,7 @@ Check the cluster with ``python -m p40fleet.verify INVENTORY`` (ray service, clu
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, local
 
 from operations import ray, ray_cluster
 from operations.preflight import refuse, validated_spec
@@ -30,6 +30,8 @@ def deploy(spec: StackSpec) -> None:
     ray.ray_member(name=f"Ray {plan.role} ({plan.address}) as p40fleet-ray.service", plan=plan)
 
 
+# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
+local.include("deploy/preflight.py")
 _spec = validated_spec()
 if _spec is not None:
     deploy(_spec)

@@ -9,9 +9,13 @@ allowed) fails on its own with a remedy while the other hosts carry on.
 
 from __future__ import annotations
 
+from pyinfra import local
+
 from operations import artifacts, cuda, cudnn, driver, nouveau
 from operations.preflight import validated_spec
 
+# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
+local.include("deploy/preflight.py")
 spec = validated_spec()
 
 if spec is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pyinfra import host, inventory, state
+from pyinfra import host, inventory, local, state
 from pyinfra.context import ctx_host
 
 from facts.gpu import PciGpus
@@ -61,6 +61,8 @@ def deploy(spec: StackSpec) -> None:
     )
 
 
+# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
+local.include("deploy/preflight.py")
 _spec = validated_spec()
 if _spec is not None:
     deploy(_spec)

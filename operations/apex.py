@@ -33,6 +33,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.python_env import EnvDistributions, MarkerText
+from operations.preflight import refuse
 from operations.progress import Stopwatch
 from operations.torch import pip_command
 from operations.training_user import as_user
@@ -176,6 +177,13 @@ def build_wheel(
     """
     if not needed:
         host.noop("apex wheel: built by another host or already on the controller")
+        return
+    if ref.startswith("-"):  # an option to git; `git checkout` has no --end-of-options (2.39)
+        yield from refuse._inner(
+            step="apex build",
+            reason=f"ref {ref!r} starts with '-': git would read it as an option",
+            remedy="set stack.apex.ref to the tag or branch name, e.g. 25.09",
+        )
         return
     tar = f"{work_dir}/{WHEEL_TAR}"
     if host.get_fact(File, path=tar):

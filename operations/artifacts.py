@@ -69,6 +69,16 @@ def _fetch_function(url: str) -> str:
     )
 
 
+class _Var(str):
+    """A shell variable's name, expanded inside double quotes by :func:`_say`."""
+
+
+def _say(*parts: str) -> str:
+    """A ``printf`` of ``parts`` and a newline: text single-quoted, :class:`_Var` as "$name"."""
+    words = [f'"${part}"' if isinstance(part, _Var) else shlex.quote(part) for part in parts]
+    return "printf '" + "%s" * len(parts) + "\\n' " + " ".join(words)
+
+
 def download_command(
     url: str, sha256: str, dest_dir: str, filename: str, size: int | None = None
 ) -> StringCommand:
@@ -80,25 +90,28 @@ def download_command(
     """
     sha256 = sha256.lower()
     path = posixpath.join(dest_dir, filename)
-    mismatch = (
-        f"sha256 mismatch for {filename} (from {url}): expected {sha256}, got $got; "
-        f"the download was deleted. Remedy: check the mirror's copy of {filename} "
-        "(sha256sum it there) or correct the sha256 in the stack spec, then re-run"
-    )
-    unsafe_dir = (
-        f"{dest_dir} is owned by uid $o with mode $mo: another account could plant a file "
-        f"there that root then runs. Remedy: chown root:root {dest_dir} && chmod 0755 "
-        f"{dest_dir}, or set stack.paths.artifact_cache to a root-only directory, then re-run"
-    )
-    busy = (
+    # Every message is printf'd with its text single-quoted: a URL or file name is never
+    # parsed by the shell (security S5), only the $variables named here are expanded.
+    mismatch = _say(
+        f"sha256 mismatch for {filename} (from {url}): expected {sha256}, got ", _Var("got"),
+        f"; the download was deleted. Remedy: check the mirror's copy of {filename} "
+        "(sha256sum it there) or correct the sha256 in the stack spec, then re-run",
+    )  # fmt: skip
+    unsafe_dir = _say(
+        f"{dest_dir} is owned by uid ", _Var("o"), " with mode ", _Var("mo"),
+        f": another account could plant a file there that root then runs. Remedy: chown "
+        f"root:root {dest_dir} && chmod 0755 {dest_dir}, or set stack.paths.artifact_cache "
+        "to a root-only directory, then re-run",
+    )  # fmt: skip
+    busy = _say(
         f"another p40fleet run is downloading {filename} (it holds {path}.lock). "
         "Remedy: wait for that run to finish, then re-run"
     )
-    stopped = (
-        f"download of {filename} from {url} stopped (curl/wget exit $rc); the partial file "
-        f"{path}.part is kept and the next run resumes it. Remedy: check that the mirror "
-        "answers, then re-run"
-    )
+    stopped = _say(
+        f"download of {filename} from {url} stopped (curl/wget exit ", _Var("rc"),
+        f"); the partial file {path}.part is kept and the next run resumes it. Remedy: check "
+        "that the mirror answers, then re-run",
+    )  # fmt: skip
     script = " ".join(
         [
             f'd={shlex.quote(dest_dir)}; f={shlex.quote(path)}; p="$f.part"; '
@@ -108,10 +121,10 @@ def download_command(
             'mkdir -p -m 0755 "$d" || exit 1; ',
             'o=$(stat -c %u "$d"); mo=$(stat -c %a "$d"); ',
             'if [ "$o" != 0 ] || [ $((0$mo & 2)) != 0 ]; then ',
-            f'echo "{unsafe_dir}" >&2; exit 1; fi; ',
+            f"{unsafe_dir} >&2; exit 1; fi; ",
             'exec 9>>"$f.lock"; ',
             "if command -v flock >/dev/null 2>&1 && ! flock -n 9; then ",
-            f'echo "{busy}" >&2; exit 1; fi; ',
+            f"{busy} >&2; exit 1; fi; ",
             "sum() { sha256sum \"$1\" | cut -d' ' -f1; }; ",
             _fetch_function(url) + "; ",
             'if [ -f "$f" ] && [ "$(sum "$f")" = "$want" ]; then ',
@@ -120,12 +133,12 @@ def download_command(
             'fetch 1; rc=$?; got=$(sum "$p" 2>/dev/null); ',
             # A resumed .part that fails (416 on a complete file) may still be whole.
             'if [ $rc != 0 ] && [ "$got" != "$want" ]; then ',
-            f'echo "{stopped}" >&2; exit 1; fi; ',
+            f"{stopped} >&2; exit 1; fi; ",
             'if [ "$got" != "$want" ] && [ $resumed = 1 ]; then ',
             'echo "$n: sha256 of the resumed file is $got, not $want: fetching it whole"; ',
             'fetch 0; rc=$?; got=$(sum "$p" 2>/dev/null); ',
-            f'if [ $rc != 0 ]; then echo "{stopped}" >&2; exit 1; fi; fi; ',
-            f'if [ "$got" != "$want" ]; then rm -f "$p"; echo "{mismatch}" >&2; exit 1; fi; ',
+            f"if [ $rc != 0 ]; then {stopped} >&2; exit 1; fi; fi; ",
+            f'if [ "$got" != "$want" ]; then rm -f "$p"; {mismatch} >&2; exit 1; fi; ',
             'mv -f "$p" "$f" && echo "$n: sha256 verified ($want)"; fi; ',
             'echo "$(stat -c \'%s %Y\' "$f") $want" > "$m.tmp" && mv -f "$m.tmp" "$m"',
         ]

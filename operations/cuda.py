@@ -6,10 +6,14 @@ Order: ``toolkit`` -> ``symlink`` (``/usr/local/cuda``) -> ``profile`` (``/etc/p
 
 from __future__ import annotations
 
+import posixpath
+import shlex
 from pathlib import Path
 
+from jinja2.ext import Extension
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import Link
 from pyinfra.operations import files
 
 from facts.host import FreeSpace
@@ -77,7 +81,13 @@ def toolkit(
     if current.exists and not current.version:
         host.log(f"{cuda_dir} has no version.json (an interrupted install?): installing again")
 
-    flags = ["--silent", "--toolkit", f"--installpath={cuda_dir}", f"--tmpdir={tmpdir}"]
+    # Quoted: a spec value is never parsed by the shell (the spec refuses such characters too).
+    flags = [
+        "--silent",
+        "--toolkit",
+        StringCommand("--installpath=", QuoteString(cuda_dir), _separator=""),
+        StringCommand("--tmpdir=", QuoteString(tmpdir), _separator=""),
+    ]
     flags.append("--no-man-page")
     gcc = host.get_fact(GccMajor)
     if gcc is not None and gcc > GCC_MAX:
@@ -120,8 +130,43 @@ def symlink(cuda_dir: str, cuda_link: str = "/usr/local/cuda"):
 
     + cuda_dir: the toolkit dir, e.g. ``/usr/local/cuda-11.8``
     + cuda_link: the symlink, e.g. ``/usr/local/cuda``
+
+    Refuses, changing nothing, when ``cuda_link`` exists and is not a symlink into a CUDA dir
+    (``files.link`` would delete whatever is there: a system file, another tool's link).
     """
+    current = host.get_fact(Link, path=cuda_link)
+    if current is not None and not is_cuda_link(cuda_link, current):
+        target = current.get("link_target") if current else None
+        what = f"a symlink to {target}" if target else "not a symlink (a file or a directory)"
+        yield from refuse._inner(
+            step=f"CUDA symlink {cuda_link}",
+            reason=f"{cuda_link} exists and is {what}, not a link into a CUDA dir "
+            "(replacing it could break the system)",
+            remedy=f"set stack.paths.cuda_link to a free path such as /usr/local/cuda, or move "
+            f"{cuda_link} away by hand if it is really a stale CUDA link",
+        )
+        return
     yield from files.link._inner(path=cuda_link, target=cuda_dir, symbolic=True)
+
+
+def is_cuda_link(link: str, info: object) -> bool:
+    """True when pyinfra's ``Link`` fact ``info`` is a symlink into a CUDA toolkit dir
+    (``/usr/local/cuda*`` or ``/opt/*cuda*``, relative targets resolved from the link's dir)."""
+    if not isinstance(info, dict) or not info.get("link_target"):
+        return False  # False: a regular file or a directory is there
+    target = posixpath.normpath(posixpath.join(posixpath.dirname(link), info["link_target"]))
+    top = target.split("/")[:4]  # "", "usr", "local", "cuda-11.8"
+    if top[:3] == ["", "usr", "local"] and len(top) == 4:
+        return "cuda" in top[3].lower()
+    return top[:2] == ["", "opt"] and len(top) >= 3 and "cuda" in top[2].lower()
+
+
+class ShellQuote(Extension):
+    """Jinja filter ``q``: ``shlex.quote`` a value for a shell script (``{{ cuda_home | q }}``)."""
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        environment.filters["q"] = lambda value: shlex.quote(str(value))
 
 
 @operation()
@@ -137,6 +182,7 @@ def profile(cuda_home: str, version: str, path: str = PROFILE_FILE):
         src=TEMPLATE,
         dest=path,
         mode="644",
+        jinja_env_kwargs={"extensions": [ShellQuote]},
         cuda_home=cuda_home.rstrip("/"),
         cuda_version=version,
     )

@@ -39,7 +39,7 @@ import logging
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
 
-from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.spec import SpecError, StackSpec, host_key_problem, spec_for_host
 
 __all__ = ["refusal_message", "refuse", "validated_spec"]
 
@@ -113,7 +113,11 @@ def validated_spec() -> StackSpec | None:
     if host.name in refused_hosts():
         return None
     try:
-        return spec_for_host(host)
+        spec = spec_for_host(host)
+        problem = host_key_problem(host, spec)
+        if problem is not None:
+            raise problem
+        return spec
     except SpecError as exc:
         # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".
         prefix = f"host {exc.host}: "

@@ -7,6 +7,8 @@ verify expects ``stack.ray.nodes`` nodes, else every host of the inventory.
 
 from __future__ import annotations
 
+import ipaddress
+
 from pyinfra import host, inventory
 from pyinfra.api.exceptions import NoGroupError
 
@@ -36,7 +38,16 @@ def plan_for_host(spec: StackSpec) -> RayPlan:
     """This host's plan; raises :class:`p40fleet.ray.RayError` when no head can be chosen."""
     head = choose_head(spec, head_group(), (h.name for h in inventory))
     address = spec.ray.head_address or inventory.get_host(head).data.get("ssh_hostname") or head
-    return plan_ray(spec, host.name, head, address)
+    own_ip = _ip_or_none(host.data.get("ssh_hostname"))
+    return plan_ray(spec, host.name, head, address, node_ip=own_ip)
+
+
+def _ip_or_none(value: object) -> str | None:
+    """``value`` when it is an IP address (the host's address on the cluster network)."""
+    try:
+        return str(ipaddress.ip_address(str(value)))
+    except ValueError:
+        return None
 
 
 def expected_nodes(spec: StackSpec) -> int:

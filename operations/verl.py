@@ -76,6 +76,13 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     At another commit: fetch, then check out the new ref, dropping only our own recorded
     patches; local edits stop the host with their file names, never clobbered.
     """
+    if ref.startswith("-"):  # an option to git; `git checkout` has no --end-of-options (2.39)
+        yield from refuse._inner(
+            step="verl checkout",
+            reason=f"ref {ref!r} starts with '-': git would read it as an option",
+            remedy="set stack.verl.ref to the tag or branch name, e.g. v0.5.0",
+        )
+        return
     state = host.get_fact(GitCheckout, path=path)
     q_path = QuoteString(path)
     if state.exists and not state.is_repo:

@@ -79,7 +79,11 @@ class Request:
         return json.dumps([self.fact, self.kwargs, self.connector], sort_keys=True, default=repr)
 
     def to_json(self) -> dict[str, Any]:
-        return {"fact": self.fact, "kwargs": dict(self.kwargs), "connector": dict(self.connector)}
+        """The plan entry: ``_env`` (which may hold a proxy password) only as its sha256."""
+        connector = dict(self.connector)
+        if "_env" in connector:
+            connector["_env"] = {"sha256": env_digest(connector["_env"])}
+        return {"fact": self.fact, "kwargs": dict(self.kwargs), "connector": connector}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Request:
@@ -101,6 +105,12 @@ class _Book:
     # set once the plan's batch has answered: a host's facts are asked from several greenlets
     # (another host's deploy may ask this host's facts), and none should race the batch
     ready: gevent.event.Event = field(default_factory=gevent.event.Event)
+
+
+def env_digest(env: Any) -> str:
+    """sha256 of an ``_env`` value (a dict, or its frozen form): what a plan keeps of it."""
+    frozen = _frozen(env) if isinstance(env, dict) else env
+    return hashlib.sha256(json.dumps(frozen, default=repr).encode()).hexdigest()
 
 
 def enabled() -> bool:
@@ -132,7 +142,36 @@ def _fact_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+#: pyinfra facts a plan may name besides the project's own ``facts.*``: read-only, and their
+#: arguments quoted (never ``server.Command``, which runs its argument, nor ``server.Home``,
+#: which puts its argument in the command unquoted). Others are asked live, as pyinfra does.
+PYINFRA_FACTS = frozenset(
+    f"pyinfra.facts.{name}"
+    for name in (
+        "files:File", "files:Directory", "files:Link", "files:Sha1File", "files:Sha256File",
+        "files:Md5File", "server:Users", "server:Groups", "server:LinuxDistribution",
+        "server:TmpDir", "server:Which", "server:Os", "server:Arch", "server:Kernel",
+        "server:KernelVersion", "server:Path", "hardware:Cpus", "systemd:SystemdStatus",
+        "systemd:SystemdEnabled", "deb:DebPackages", "deb:DebArch",
+    )
+)  # fmt: skip
+
+
+#: Packages whose facts a plan may name (the project's own read-only facts).
+PLAN_PACKAGES: tuple[str, ...] = ("facts",)
+
+
+def plannable(name: str) -> bool:
+    """True when a plan may name fact ``name`` ("module:QualName"): a plan file is data that
+    decides what runs on a host first thing, so it names only facts that read."""
+    module = name.partition(":")[0]
+    ours = any(module == p or module.startswith(p + ".") for p in PLAN_PACKAGES)
+    return ours or name in PYINFRA_FACTS
+
+
 def _fact_class(name: str) -> type[FactBase] | None:
+    if not plannable(name):
+        return None
     module, _, qualname = name.partition(":")
     try:
         obj: Any = importlib.import_module(module)
@@ -284,11 +323,36 @@ def _book(host: Host) -> _Book:
 
 
 def load_plan(host: Host) -> list[Request]:
+    """The host's plan: entries naming a plannable fact, ``_env`` restored from the host's own
+    data when its sum matches. Nothing from a plan file others could have written."""
+    path = plan_path(host)
     try:
-        raw = json.loads(plan_path(host).read_text())
-        return [Request.from_json(item) for item in raw.get("requests", [])]
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            logger.warning(f"{host.print_prefix}fact plan {path} ignored: writable by others")
+            return []
+        raw = json.loads(path.read_text())
+        requests = []
+        for item in raw.get("requests", []):
+            request = Request.from_json(item)
+            if plannable(request.fact) and (request := _with_env(host, request)) is not None:
+                requests.append(request)
+        return requests
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return []
+
+
+def _with_env(host: Host, request: Request) -> Request | None:
+    """``request`` with its ``_env`` sum replaced by the host's ``_env`` (None: they differ)."""
+    connector = dict(request.connector)
+    if "_env" not in connector:
+        return request
+    stored = dict(connector["_env"]) if isinstance(connector["_env"], tuple) else {}
+    current = host.data.get("_env")
+    if not isinstance(current, dict) or stored.get("sha256") != env_digest(current):
+        return None  # asked with another _env (or an old plan with values): ask it live
+    connector["_env"] = _frozen(current)
+    return Request(request.fact, request.kwargs, tuple(sorted(connector.items())))
 
 
 def save_plans() -> None:
@@ -301,9 +365,14 @@ def save_plans() -> None:
         if [r.to_json() for r in load_plan(host)] == requests:
             continue
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # Private to the operator: a plan decides what runs on the host first (0700/0600).
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.parent.chmod(0o700)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"host": host.name, "requests": requests}, indent=1))
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(json.dumps({"host": host.name, "requests": requests}, indent=1))
             tmp.replace(path)
         except OSError as exc:
             logger.debug(f"fact plan for {host.name} not saved: {exc}")

@@ -94,14 +94,25 @@ class RayPlan:
             "head": self.head,
             "address": self.address,
             "service_user": self.user,
-            "work_dir": self.home,
+            # Quoted for systemd: a path is one word with its specifiers (%) escaped.
+            "work_dir": systemd_path(self.home),
+            "env_home": systemd_quote(f"HOME={self.home}"),
+            "env_path": systemd_quote(
+                f"PATH={self.env_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+            ),
             "exec_start": self.exec_start(),
-            "path": f"{self.env_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         }
 
 
-def plan_ray(spec: StackSpec, host_name: str, head: str, head_address: str) -> RayPlan:
-    """The plan for ``host_name`` in the cluster headed by ``head`` (reached at head_address)."""
+def plan_ray(
+    spec: StackSpec, host_name: str, head: str, head_address: str, node_ip: str | None = None
+) -> RayPlan:
+    """The plan for ``host_name`` in the cluster headed by ``head`` (reached at head_address).
+
+    ``node_ip``: this host's address on the cluster network when ``stack.ray.node_ip`` is not
+    set (the inventory's ``ssh_hostname`` when that is an IP address): Ray then uses that
+    network, not whichever address it would pick itself.
+    """
     ray = spec.ray
     address = f"{head_address}:{ray.port}"
     argv = [ray_cli(spec), "start"]
@@ -109,12 +120,15 @@ def plan_ray(spec: StackSpec, host_name: str, head: str, head_address: str) -> R
         argv += ["--head", f"--port={ray.port}"]
     else:
         argv.append(f"--address={address}")
-    if ray.node_ip:
-        argv.append(f"--node-ip-address={ray.node_ip}")
+    node_ip = ray.node_ip or node_ip
+    if node_ip:
+        argv.append(f"--node-ip-address={node_ip}")
     if host_name == head:
         argv.append(f"--include-dashboard={'true' if ray.dashboard else 'false'}")
         if ray.dashboard:
-            argv += ["--dashboard-host=0.0.0.0", f"--dashboard-port={ray.dashboard_port}"]
+            # Ray 2.48 has no authentication: loopback unless the spec names another address.
+            argv += [f"--dashboard-host={ray.dashboard_host}",
+                     f"--dashboard-port={ray.dashboard_port}"]  # fmt: skip
         argv.append(f"--temp-dir={ray.temp_dir}")  # workers take the head's (Ray's rule)
     argv += ["--disable-usage-stats", "--block"]
     return RayPlan(
@@ -130,6 +144,13 @@ def plan_ray(spec: StackSpec, host_name: str, head: str, head_address: str) -> R
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")
+
+
+def systemd_path(path: str) -> str:
+    """A path for a systemd setting that takes one unquoted path (``WorkingDirectory=``)."""
+    if not re.fullmatch(r"/[A-Za-z0-9_./+-]*", path):
+        raise ValueError(f"cannot put {path!r} in a systemd path setting ([A-Za-z0-9._/+-] only)")
+    return path
 
 
 def systemd_quote(arg: str) -> str:

@@ -72,6 +72,7 @@ __all__ = [
     "VerlPin",
     "clear_spec_cache",
     "deep_merge",
+    "host_key_problem",
     "load_spec",
     "spec_for_host",
 ]
@@ -94,6 +95,24 @@ COMPONENTS: tuple[str, ...] = (
 
 # Directories whose content does not survive a reboot or gets cleaned: no persistent target there.
 _TMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+# Directories the OS owns: a deploy that chowns, installs over or links here breaks the host.
+_SYSTEM_DIRS: frozenset[str] = frozenset(
+    ("/", "/bin", "/boot", "/data", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64",
+     "/libx32", "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv",
+     "/sys", "/tmp", "/usr", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib64", "/usr/libexec",
+     "/usr/local", "/usr/local/bin", "/usr/local/include", "/usr/local/lib", "/usr/local/sbin",
+     "/usr/local/share", "/usr/sbin", "/usr/share", "/usr/src", "/var", "/var/cache", "/var/lib",
+     "/var/log", "/var/spool", "/var/tmp")
+)  # fmt: skip
+# Trees no p40fleet directory may live in: kernel/virtual filesystems, the OS's own files, root's.
+_SYSTEM_TREES: tuple[str, ...] = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/root", "/sbin", "/sys",
+    "/usr/bin", "/usr/lib", "/usr/sbin", "/usr/share",
+)  # fmt: skip
+#: Roots a training user's home may sit under (/home/<name>, /srv/<name>, /data/<...>).
+HOME_ROOTS: tuple[str, ...] = ("/home", "/srv", "/data")
+#: Where a CUDA toolkit dir (and its symlink) may live.
+CUDA_ROOTS: tuple[str, ...] = ("/usr/local", "/opt")
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
@@ -145,11 +164,21 @@ def _sha256(value: str) -> str:
     return value.lower()
 
 
+# Values that reach a shell (quoted, but a second line of defence): letters, digits, . _ / + -.
+_SAFE_PATH = re.compile(r"[A-Za-z0-9._/+-]+")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9._+-]+")
+# Shell metacharacters no URL of the spec needs (whitespace is refused separately).
+_URL_UNSAFE = re.compile(r"""['"`$\\;<>|]""")
+
+
 def _abs_path(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError("expected an absolute path (starting with '/')")
-    if "\x00" in value or "\n" in value:
-        raise ValueError("expected a path without NUL or newline characters")
+    if not _SAFE_PATH.fullmatch(value):
+        raise ValueError(
+            "expected a path of letters, digits and . _ / + - only (no spaces, quotes, $, ;, "
+            "backticks or other shell characters)"
+        )
     parts = value.split("/")
     if ".." in parts:
         raise ValueError("expected a path without '..' components (write the real path)")
@@ -164,6 +193,11 @@ def _http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or re.search(r"\s", value):
         raise ValueError("expected an http:// or https:// URL")
+    if _URL_UNSAFE.search(value) or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(
+            "expected a URL without quotes, $, \\, backticks, ;, <, >, | or control characters "
+            "(percent-encode them)"
+        )
     return value
 
 
@@ -183,8 +217,11 @@ def _url_or_abs_path(value: str) -> str:
 def _filename(value: str) -> str:
     if not value or "/" in value or value in (".", "..") or "\x00" in value:
         raise ValueError("expected a plain file name (no '/'), e.g. the last part of the URL")
-    if value != value.strip():
-        raise ValueError("expected a file name without leading/trailing spaces")
+    if not _SAFE_NAME.fullmatch(value):
+        raise ValueError(
+            "expected a file name of letters, digits and . _ + - only (no spaces, quotes, $, ;, "
+            "backticks or other shell characters)"
+        )
     return value
 
 
@@ -234,8 +271,8 @@ GitRef = Annotated[
     str,
     AfterValidator(
         _pattern(
-            r"(?!.*\.\.)(?!/)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])",
-            "expected a git tag or branch name such as v0.5.0",
+            r"(?![-/])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])",
+            "expected a git tag or branch name such as v0.5.0 (not starting with '-' or '/')",
         )
     ),
 ]
@@ -399,7 +436,18 @@ class Paths(BaseModel):
 
     @model_validator(mode="after")
     def _checks(self) -> Paths:
-        problems = []
+        problems = [
+            Problem(("cuda_dir",), self.cuda_dir, expected)
+            for expected in [
+                _cuda_dir_problem(self.cuda_dir, "a toolkit dir", "/usr/local/cuda-11.8")
+            ]
+            if expected
+        ]
+        problems += [
+            Problem(("cuda_link",), self.cuda_link, expected)
+            for expected in [_cuda_dir_problem(self.cuda_link, "a symlink", "/usr/local/cuda")]
+            if expected
+        ]
         for tmp in _TMP_DIRS:
             if _is_under(self.cudnn_extract_dir, tmp):
                 problems.append(
@@ -410,6 +458,12 @@ class Paths(BaseModel):
                         "hard-linked from here into the CUDA dir), e.g. /usr/local/src",
                     )
                 )
+        for field in ("artifact_cache", "cudnn_extract_dir"):
+            value = getattr(self, field)
+            if any(p.loc == (field,) for p in problems):
+                continue  # one reason per field is enough
+            if expected := _root_dir_problem(value):
+                problems.append(Problem((field,), value, expected))
         if self.cuda_link == self.cuda_dir:
             problems.append(
                 Problem(
@@ -421,6 +475,40 @@ class Paths(BaseModel):
         if problems:
             raise _Problems(problems)
         return self
+
+
+def _cuda_dir_problem(path: str, what: str, example: str) -> str | None:
+    """Why ``path`` cannot be a CUDA dir or its link (None: it can): under /usr/local or /opt,
+    named ``*cuda*``, never a system directory (the runfile installs over it, cuDNN's stale
+    files are removed from it, the link step replaces what is there)."""
+    if path in _SYSTEM_DIRS or not any(_is_under(path, root, strict=True) for root in CUDA_ROOTS):
+        return (
+            f"expected {what} under {' or '.join(CUDA_ROOTS)} with 'cuda' in its name, such as "
+            f"{example} (not a system directory)"
+        )
+    if "cuda" not in posixpath.basename(path).lower():
+        return f"expected {what} with 'cuda' in its name, such as {example}"
+    return None
+
+
+def _root_dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot hold root's downloads or cuDNN tree (None: it can): not a system
+    directory itself, not inside the OS's trees, not a tmp dir anyone may write to, not a home."""
+    if path in _SYSTEM_DIRS and not any(_is_under(path, tmp) for tmp in _TMP_DIRS):
+        return (
+            "expected a dedicated directory such as /var/cache/p40fleet, not a system directory "
+            "(p40fleet creates, chowns and deletes files in it as root)"
+        )
+    for tree in (*_TMP_DIRS, *_SYSTEM_TREES, "/home"):
+        if _is_under(path, tree):
+            why = "a tmp dir any local user can write to" if tree in _TMP_DIRS else "a system tree"
+            if tree == "/home":
+                why = "users' homes (a user could swap what root runs)"
+            return (
+                f"expected a root-only directory such as /var/cache/p40fleet, not under {tree} "
+                f"({why})"
+            )
+    return None
 
 
 class TrainingUser(BaseModel):
@@ -440,13 +528,18 @@ class TrainingUser(BaseModel):
 
     @model_validator(mode="after")
     def _checks(self) -> TrainingUser:
-        if self.home == "/" or any(_is_under(self.home, tmp) for tmp in _TMP_DIRS):
+        # The user gets to own its home: a system dir there (/etc, /usr, /home itself) is root.
+        if self.home in _SYSTEM_DIRS or not any(
+            _is_under(self.home, root, strict=True) for root in HOME_ROOTS
+        ):
             raise _Problems(
                 [
                     Problem(
                         ("home",),
                         self.home,
-                        "expected a persistent home directory such as /home/verl",
+                        f"expected a home directory of its own such as /home/{self.name} "
+                        f"(under {', '.join(HOME_ROOTS)}; never a system directory, which the "
+                        "user would then own)",
                     )
                 ]
             )
@@ -496,6 +589,8 @@ class Policy(BaseModel):
     force_reinstall: tuple[Literal[COMPONENTS], ...] = ()  # type: ignore[valid-type]
     allow_gcc_override: bool = False
     allow_maxwell: bool = False
+    # SSH with a host key not checked against known_hosts ("accept-new", "no"): an explicit opt-in.
+    allow_unverified_host_keys: bool = False
 
 
 def _host_address(value: str) -> str:
@@ -533,6 +628,9 @@ class RayCluster(BaseModel):
     # This host's address for Ray (set per host in stack_host); None: Ray picks it.
     node_ip: Annotated[str, AfterValidator(_ip)] | None = None
     dashboard: bool = False
+    # Ray has no authentication: the dashboard (and its Jobs API, which runs code) listens on
+    # the head's loopback (reach it with ssh -L); another address opens it to that network.
+    dashboard_host: Annotated[str, AfterValidator(_ip)] = "127.0.0.1"
     dashboard_port: Port = 8265
     # Nodes verify expects in the cluster; None: every host of the inventory.
     nodes: int | None = Field(default=None, ge=1)
@@ -1025,6 +1123,28 @@ def spec_for_host(host: Any) -> StackSpec:
     spec = load_spec(host.name, stack, stack_host)
     _cache[host.name] = (stack, stack_host, spec)
     return spec
+
+
+def host_key_problem(host: Any, spec: StackSpec) -> SpecError | None:
+    """The refusal for an SSH host that does not check its host key (None: it does, or is local).
+
+    pyinfra's default is ``accept-new`` (the first key seen is trusted and stored), so a host
+    list or an inventory that forgets ``ssh_strict_host_key_checking`` must not go unnoticed.
+    """
+    from pyinfra.connectors.ssh import SSHConnector  # pyinfra only where a host is given
+
+    if not issubclass(host.connector_cls, SSHConnector) or spec.policy.allow_unverified_host_keys:
+        return None
+    value = host.data.get("ssh_strict_host_key_checking")
+    if value == "yes":
+        return None
+    return SpecError(
+        host.name,
+        "ssh_strict_host_key_checking",
+        value if value is not None else "accept-new (pyinfra's default)",
+        "expected 'yes' (set it in the inventory's host data, with ssh_known_hosts_file naming "
+        "the hosts' keys), or set stack.policy.allow_unverified_host_keys=True to accept it",
+    )
 
 
 def clear_spec_cache() -> None:

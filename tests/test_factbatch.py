@@ -71,9 +71,11 @@ def local(tmp_path, monkeypatch):
     """A connected @local host in the prepare stage, and a log of the commands it was sent."""
     monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(factbatch.ENABLE_ENV, "1")
+    # this module's test facts may be planned, as the project's facts.* are
+    monkeypatch.setattr(factbatch, "PLAN_PACKAGES", ("facts", Counted.__module__))
 
-    def make():
-        inventory = Inventory((["@local"], {}))
+    def make(data: dict | None = None):
+        inventory = Inventory(([("@local", data or {})], {}))
         state = State(inventory, Config())
         state.current_deploy_filename = str(tmp_path / "deploy.py")
         connect_all(state)
@@ -215,3 +217,60 @@ def test_a_planned_fact_whose_command_asks_another_fact_does_not_wait_for_itself
     with gevent.Timeout(20), ctx_host.use(again):  # a deadlock would hang here, not pass
         assert again.get_fact(AsksAnother, path=counter)[1] >= 2
     assert any(factbatch.MARKER in command for command in sent)
+
+
+# -- S13: a plan names only read-only facts, holds no _env value, and is private ---------------
+
+
+def test_a_plan_naming_a_command_fact_is_ignored(local, tmp_path):
+    _, host, sent = local()
+    marker = tmp_path / "ran"
+    path = factbatch.plan_path(host)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"requests": [
+        {"fact": "pyinfra.facts.server:Command", "kwargs": {"command": f"touch {marker}"}},
+        {"fact": "pyinfra.facts.server:Home", "kwargs": {"user": f"; touch {marker}"}},
+        {"fact": f"{Counted.__module__}:Counted", "kwargs": {"path": str(tmp_path / "c")}},
+    ]}))  # fmt: skip
+    path.chmod(0o600)
+    assert [r.fact.rsplit(":", 1)[1] for r in factbatch.load_plan(host)] == ["Counted"]
+    host.get_fact(Counted, path=str(tmp_path / "c"))  # the first ask gathers the plan
+    assert sent and not [command for command in sent if str(marker) in command]
+    assert not marker.exists()
+    assert not factbatch.plannable("pyinfra.facts.server:Command")
+    assert factbatch.plannable("facts.gpu:PciGpus") and factbatch.plannable(
+        "pyinfra.facts.files:File"
+    )
+
+
+def test_env_values_never_reach_a_plan_and_the_plan_still_serves(local, tmp_path):
+    secret = "http://user:s3cret@proxy:3128"
+    data = {"_env": {"HTTPS_PROXY": secret}}
+    _, host, sent = local(data)
+    counter = str(tmp_path / "c")
+    assert host.get_fact(Counted, path=counter) == 1
+    request = factbatch.request_for(host, Counted, (), {"path": counter})
+    assert secret in request.key  # the memo tells envs apart ...
+    assert "s3cret" not in json.dumps(request.to_json())  # ... the plan keeps only a sum
+    factbatch.save_plans()
+    path = factbatch.plan_path(host)
+    assert "s3cret" not in path.read_text() and "sha256" in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+    factbatch._BOOKS.clear()
+
+    _, host, sent = local(data)  # same _env: the plan serves, with the real value
+    assert host.get_fact(Counted, path=counter) == 2 and len(sent) == 1
+    factbatch._BOOKS.clear()
+    _, host, sent = local({"_env": {"HTTPS_PROXY": "http://other"}})  # another _env: asked live
+    assert factbatch.load_plan(host) == []
+
+
+def test_a_plan_others_can_write_is_ignored(local, tmp_path):
+    _, host, _ = local()
+    host.get_fact(Counted, path=str(tmp_path / "c"))
+    factbatch.save_plans()
+    path = factbatch.plan_path(host)
+    assert factbatch.load_plan(host)
+    path.chmod(0o666)
+    assert factbatch.load_plan(host) == []

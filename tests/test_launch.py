@@ -17,7 +17,7 @@ from operations import launch as launch_op
 from p40fleet import launch
 from p40fleet import verl_patches as vp
 from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for
-from p40fleet.spec import load_spec
+from p40fleet.spec import SpecError, load_spec
 from tests.opharness import at, run_op
 
 P40, P100_16, P4, V100_16, V100_32, T4 = 0x1B38, 0x15F8, 0x1BB3, 0x1DB4, 0x1DB5, 0x1EB8
@@ -186,8 +186,14 @@ def test_unknown_memory_is_refused_unless_nvidia_smi_says():
     ],
 )
 def test_names_that_cannot_be_hydra_values_are_refused(training):
+    # The spec refuses them first (file names are [A-Za-z0-9._+-]); plan_launch checks again.
+    with pytest.raises(SpecError, match="expected a file name of letters"):
+        load_spec("lab1", {"training": training})
+    spec = load_spec("lab1", {})  # and plan_launch refuses them too (a spec built unvalidated)
+    model = spec.training.model.model_copy(update={"name": "Qwen 0.5B"})
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"model": model})})
     with pytest.raises(LaunchError, match="expected a path of letters"):
-        plan_launch(load_spec("lab1", {"training": training}), [P40])
+        plan_launch(spec, [P40])
 
 
 def test_model_data_and_lengths_come_from_spec_training():

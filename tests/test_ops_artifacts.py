@@ -458,3 +458,20 @@ def test_streamed_step_prints_output_and_keeps_the_operations_sudo():
     assert command.get_raw_value() == "echo hi"
     assert kwargs == {"print_output": True, "_sudo": True, "_sudo_user": None}
     assert logs and logs[0].startswith("download x: done in ")
+
+
+@pytest.mark.skipif(sh("command -v curl").returncode != 0, reason="needs curl")
+def test_url_and_file_name_are_never_parsed_by_the_shell(tmp_path):
+    """S5: a $(...), a backtick or a ; in the URL or the file name runs nothing (mismatch path)."""
+    name = "a$(touch X)`touch Y`;touch Z.run"
+    (tmp_path / "www").mkdir()
+    (tmp_path / "www" / "a.run").write_text("not the pinned bytes\n")
+    url = f"file://{tmp_path}/www/a.run?$(touch${{IFS}}U)"  # curl ignores a file:// query
+    command = artifacts.download_command(url, SUM, str(tmp_path / "cache"), name)
+    out = subprocess.run(
+        ["sh", "-c", command.get_raw_value()], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert f"sha256 mismatch for {name} (from file://" in out.stderr, out.stderr
+    assert "a.run?$(touch${IFS}U)" in out.stderr
+    assert not [n for n in ("X", "Y", "Z", "U") if (tmp_path / n).exists()]

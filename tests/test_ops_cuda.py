@@ -6,6 +6,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
+import pytest
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import TmpDir
 
@@ -131,7 +132,7 @@ def test_profile_template_sets_cuda_home_path_and_ld_library_path(tmp_path):
     )
     assert "upload /etc/profile.d/cuda.sh" in r.commands
     text = r.uploads["/etc/profile.d/cuda.sh"]
-    assert f"export CUDA_HOME={DIR}\n" in text
+    assert f"CUDA_HOME={DIR}\nexport CUDA_HOME\n" in text
     # the rendered file does what it says in a real shell, and twice adds nothing
     script = tmp_path / "cuda.sh"
     script.write_text(text)
@@ -190,3 +191,67 @@ def test_profile_unchanged_is_a_noop():
         },
     )
     assert again.commands == [] and again.noops
+
+
+# -- S5/S6: no spec value is parsed by the shell; the link never replaces a non-CUDA path ------
+
+INJECT = "$(touch X)`touch Y`;touch Z"
+
+
+def test_runfile_flags_are_quoted_and_run_nothing(tmp_path):
+    cuda_dir, tmpdir = f"/opt/cuda {INJECT}", str(tmp_path / f"t {INJECT}")
+    facts = {**FRESH, at(FreeSpace, path=tmpdir): free(10**10)}
+    runfile = tmp_path / "cuda.run"
+    runfile.write_text('printf "%s\\n" "$@" > args\n')  # a stub runfile: records its argv
+    r = toolkit(facts, runfile=str(runfile), cuda_dir=cuda_dir, tmpdir=tmpdir)
+    for command in r.commands:
+        subprocess.run(["sh", "-c", command], cwd=tmp_path, check=True)
+    assert not [n for n in ("X", "Y", "Z") if (tmp_path / n).exists()]
+    args = (tmp_path / "args").read_text().splitlines()
+    assert f"--installpath={cuda_dir}" in args and f"--tmpdir={tmpdir}" in args
+
+
+def test_profile_quotes_cuda_home_and_runs_nothing(tmp_path):
+    home = f"/opt/cuda {INJECT}"
+    r = run_op(
+        cuda.profile,
+        cuda_home=home,
+        version="11.8.0",
+        facts={
+            File: None,
+            TmpDir: "/tmp",
+            at(Directory, path="/etc/profile.d/cuda.sh"): None,
+            at(Directory, path="/etc/profile.d"): {"mode": 755},
+        },
+    )
+    (tmp_path / "cuda.sh").write_text(r.uploads["/etc/profile.d/cuda.sh"])
+    out = subprocess.run(
+        ["sh", "-c", '. ./cuda.sh && printf "%s" "$CUDA_HOME"'],
+        cwd=tmp_path, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == home
+    assert not [n for n in ("X", "Y", "Z") if (tmp_path / n).exists()]
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"link_target": "python3.8", "user": "root", "group": "root"},  # /usr/bin/python3
+        {"link_target": "/etc", "user": "root", "group": "root"},
+        {"link_target": "/usr/local/lib", "user": "root", "group": "root"},
+        {},  # a file or a directory is there, not a link
+    ],
+)
+def test_symlink_refuses_to_replace_what_is_not_a_cuda_link(info):
+    r = run_op(cuda.symlink, cuda_dir=DIR, cuda_link="/usr/local/cuda", facts={Link: info})
+    assert r.commands == ["function _fail"]
+    assert "host lab1: CUDA symlink /usr/local/cuda: /usr/local/cuda exists" in r.failures[0]
+    assert "stack.paths.cuda_link" in r.failures[0]
+
+
+def test_symlink_into_a_cuda_dir_counts_as_cuda():
+    assert cuda.is_cuda_link("/usr/local/cuda", {"link_target": "cuda-12.1"})
+    assert cuda.is_cuda_link("/usr/local/cuda", {"link_target": "/opt/nvidia-cuda/11.8"})
+    assert cuda.is_cuda_link("/opt/cuda", {"link_target": "/usr/local/cuda-11.8/"})
+    assert not cuda.is_cuda_link("/usr/local/cuda", {"link_target": "/usr/local/cuda-11.8/../lib"})
+    assert not cuda.is_cuda_link("/usr/local/cuda", {"link_target": "/opt"})

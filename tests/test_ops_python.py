@@ -478,3 +478,17 @@ def test_commands_run_as_training_user_through_su():
     assert result.commands == [
         f"su -s /bin/sh verl -c '{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y'"
     ]
+
+
+def test_a_ref_starting_with_a_dash_never_reaches_git():
+    """S22: a ref that git would read as an option is refused before any git command."""
+    ref = "--recurse-submodules"
+    r = run_op(verl.checkout, path="/home/verl/verl", remote=REMOTE, ref=ref, commit=COMMIT,
+               facts={GitCheckout: GitState(False)})  # fmt: skip
+    assert r.commands == ["function _fail"]
+    assert f"verl checkout: ref '{ref}' starts with '-'" in r.failures[0]
+    r = run_op(apex.build_wheel, python=PY, remote="http://m/git/apex.git", ref=ref,
+               commit="4" * 40, work_dir="/w", cuda_home="/usr/local/cuda-11.8",
+               arch_list="6.1", max_jobs=1, cuda_ext=True, facts={File: None})  # fmt: skip
+    assert r.commands == ["function _fail"]
+    assert "stack.apex.ref" in r.failures[0]

@@ -125,3 +125,24 @@ def test_bad_host_is_refused_alone(tmp_path):
     assert markers == ["marker-@chroot__-525"], out
     assert "host @local: stack spec: stack.driver.version = '525': expected an NVIDIA driver" in out
     assert "host @chroot//: stack spec" not in out
+
+
+@pytest.mark.parametrize("deploy", ["system.py", "python.py", "training.py", "ray.py"])
+def test_every_deploy_that_changes_hosts_runs_the_preflight_first(deploy):
+    """S21: run alone, each deploy refuses an unsupported OS (GPU, space, mirror) before it adds
+    an operation: deploy/preflight.py is included at module level before validated_spec()."""
+    import ast
+
+    tree = ast.parse((REPO / "deploy" / deploy).read_text())
+    order = []
+    for node in tree.body:
+        for call in ast.walk(node):
+            if not isinstance(call, ast.Call):
+                continue
+            if ast.unparse(call) == "local.include('deploy/preflight.py')":
+                order.append("preflight")
+            elif ast.unparse(call.func) == "validated_spec" and not isinstance(
+                node, ast.FunctionDef
+            ):
+                order.append("spec")
+    assert order[:2] == ["preflight", "spec"], order

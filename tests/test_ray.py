@@ -18,6 +18,7 @@ from p40fleet.ray import (
     parse_probe,
     parse_status,
     plan_ray,
+    systemd_path,
     systemd_quote,
 )
 from p40fleet.ray_checks import ray_checks
@@ -216,3 +217,45 @@ def test_ray_status_names_the_node_of_the_newest_raylet_log(tmp_path):
 def test_has_systemd_fact():
     assert HasSystemd().process(["yes"]) is True
     assert HasSystemd().process(["no"]) is False
+
+
+# -- S2: Ray has no authentication: the dashboard on loopback, members on their own address -----
+
+
+def test_dashboard_listens_on_loopback_unless_the_spec_opens_it():
+    head = plan_ray(load_spec("lab1", {"ray": {"dashboard": True}}), "lab1", "lab1", "10.0.0.1")
+    assert "--dashboard-host=127.0.0.1" in head.argv
+    assert not [a for a in head.argv if "0.0.0.0" in a]
+    opened = {"ray": {"dashboard": True, "dashboard_host": "10.0.0.1"}}
+    head = plan_ray(load_spec("lab1", opened), "lab1", "lab1", "10.0.0.1")
+    assert "--dashboard-host=10.0.0.1" in head.argv
+    with pytest.raises(SpecError, match="dashboard_host = 'everywhere': expected an IP"):
+        load_spec("lab1", {"ray": {"dashboard_host": "everywhere"}})
+
+
+def test_members_pass_their_cluster_address():
+    spec = load_spec("lab2", {})
+    worker = plan_ray(spec, "lab2", "lab1", "10.0.0.1", node_ip="10.0.0.2")
+    assert "--node-ip-address=10.0.0.2" in worker.argv
+    pinned = load_spec("lab2", {}, {"ray": {"node_ip": "10.9.0.2"}})
+    worker = plan_ray(pinned, "lab2", "lab1", "10.0.0.1", node_ip="10.0.0.2")
+    assert "--node-ip-address=10.9.0.2" in worker.argv  # stack.ray.node_ip wins
+
+
+def test_unit_quotes_home_and_path_for_systemd():
+    plan = plan_ray(load_spec("lab1", {}), "lab1", "lab1", "10.0.0.1")
+    values = plan.template_vars()
+    assert values["work_dir"] == "/home/verl"
+    assert values["env_home"] == "HOME=/home/verl"
+    with pytest.raises(ValueError, match="systemd path"):
+        systemd_path("/home/x y")
+    assert systemd_quote("HOME=/home/a b") == '"HOME=/home/a b"'
+
+
+def test_readme_says_ray_has_no_authentication():
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("**Many boxes: the Ray cluster.**") :]
+    section = section[: section.index("\n## ")] if "\n## " in section else section
+    assert "**Ray has no authentication.**" in section
+    for words in ("private network", "firewall", "127.0.0.1", "2.52", "--node-ip-address"):
+        assert words in section, words

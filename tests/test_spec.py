@@ -233,9 +233,11 @@ def test_stack_host_is_deep_merged_over_stack():
 
 
 def test_paths_are_normalised():
-    spec = load_spec("lab1", {"paths": {"cuda_dir": "/usr/local//cuda-11.8/", "cuda_link": "/x/."}})
+    spec = load_spec(
+        "lab1", {"paths": {"cuda_dir": "/usr/local//cuda-11.8/", "cuda_link": "/opt/cuda/."}}
+    )
     assert spec.paths.cuda_dir == "/usr/local/cuda-11.8"
-    assert spec.paths.cuda_link == "/x"
+    assert spec.paths.cuda_link == "/opt/cuda"
 
 
 def test_env_paths_follow_user_home():
@@ -476,3 +478,138 @@ def test_group_data_exports_only_stack_and_no_secret():
                 yield from keys(sub)
 
     assert not [k for k in keys(data) if any(w in k for w in ("pass", "secret", "token", "key"))]
+
+
+# -- security: no shell characters, no system directories, no option refs (S3, S5, S6, S7, S22) --
+
+SHELL_BITS = ["$(touch X)", "`touch X`", ";touch X", "'x", '"x', "a b", "\\x"]
+
+
+@pytest.mark.parametrize("bit", SHELL_BITS)
+@pytest.mark.parametrize(
+    "path, template",
+    [
+        ("paths.cuda_dir", "/usr/local/cuda-11.8{}"),
+        ("paths.cuda_link", "/usr/local/cuda{}"),
+        ("paths.artifact_cache", "/var/cache/p40fleet{}"),
+        ("paths.cudnn_extract_dir", "/usr/local/src{}"),
+        ("user.home", "/home/verl{}"),
+        ("env.verl_checkout", "/home/verl/verl{}"),
+        ("ray.temp_dir", "/tmp/ray{}"),
+        ("mirror.pip_find_links", "/srv/wheels{}"),
+        ("driver.filename", "d{}.run"),
+        ("training.data.train_file", "train{}.parquet"),
+        ("training.model.name", "Qwen{}"),
+        ("driver.url", "https://example.invalid/d.run?{}"),
+        ("mirror.artifacts_url", "http://10.0.0.1/a{}"),
+        ("mirror.pip_index_url", "http://10.0.0.1/simple{}"),
+        ("verl.remote", "https://example.invalid/verl{}"),
+    ],
+)
+def test_shell_characters_are_refused(path, template, bit):
+    if bit.startswith("\\") and "url" not in path and "remote" not in path:
+        bit = "x\\y"  # a path's backslash
+    err = refused(_nest(path, template.format(bit)))
+    assert err.field == f"stack.{path}", str(err)
+    assert "host lab1: stack." in str(err)
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("user.home", "/etc"),
+        ("user.home", "/usr"),
+        ("user.home", "/home"),
+        ("user.home", "/root"),
+        ("user.home", "/var"),
+        ("user.home", "/var/lib/verl"),
+        ("user.home", "/srv"),
+        ("user.home", "/usr/local/verl"),
+        ("paths.cuda_dir", "/"),
+        ("paths.cuda_dir", "/usr"),
+        ("paths.cuda_dir", "/usr/local"),
+        ("paths.cuda_dir", "/opt"),
+        ("paths.cuda_dir", "/etc/cuda"),
+        ("paths.cuda_dir", "/usr/local/toolkit"),
+        ("paths.cuda_link", "/usr/bin/python3"),
+        ("paths.cuda_link", "/usr/local/bin"),
+        ("paths.artifact_cache", "/"),
+        ("paths.artifact_cache", "/tmp"),
+        ("paths.artifact_cache", "/var/tmp"),
+        ("paths.artifact_cache", "/dev/shm"),
+        ("paths.artifact_cache", "/tmp/p40fleet"),
+        ("paths.artifact_cache", "/etc"),
+        ("paths.artifact_cache", "/var"),
+        ("paths.artifact_cache", "/home/verl/cache"),
+        ("paths.artifact_cache", "/usr/bin/x"),
+        ("paths.cudnn_extract_dir", "/"),
+        ("paths.cudnn_extract_dir", "/usr"),
+        ("paths.cudnn_extract_dir", "/etc/x"),
+    ],
+)
+def test_system_directories_are_refused(path, value):
+    err = refused(_nest(path, value), host="p40-07")
+    line = str(err).splitlines()[0]
+    assert line.startswith(f"host p40-07: stack.{path} = {value!r}: expected "), line
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("user.home", "/home/alice"),
+        ("user.home", "/srv/train"),
+        ("user.home", "/data/users/verl"),
+        ("paths.cuda_dir", "/opt/cuda-11.8"),
+        ("paths.cuda_dir", "/usr/local/CUDA-11.8.0"),
+        ("paths.artifact_cache", "/data/p40fleet-cache"),
+        ("paths.artifact_cache", "/var/cache/p40fleet"),
+        ("paths.cudnn_extract_dir", "/usr/local/src/p40fleet"),
+        ("mirror.pip_find_links", "http://10.0.0.1:8111/wheels/"),
+        ("driver.url", "https://example.invalid/d.run?a=1&b=2"),
+    ],
+)
+def test_dedicated_directories_and_plain_urls_are_accepted(path, value):
+    load_spec("lab1", _nest(path, value))
+
+
+@pytest.mark.parametrize("ref", ["--recurse-submodules", "-b", "-x/y"])
+def test_refs_starting_with_a_dash_are_refused(ref):
+    for pin in ("apex", "verl"):
+        err = refused({pin: {"ref": ref, "commit": "4" * 40}})
+        assert err.field == f"stack.{pin}.ref", str(err)
+        assert "not starting with '-'" in str(err)
+
+
+# -- S17: strict host-key checking for every SSH host --------------------------------------------
+
+
+def _host_with(data: dict):
+    from tests.opharness import make_host
+
+    return make_host(data, "p40-09")[1]
+
+
+def test_host_without_strict_host_key_checking_is_refused():
+    from p40fleet.spec import host_key_problem
+
+    spec = load_spec("p40-09", {})
+    for value in (None, "accept-new", "no"):
+        host = _host_with({} if value is None else {"ssh_strict_host_key_checking": value})
+        problem = host_key_problem(host, spec)
+        assert problem is not None, value
+        line = str(problem)
+        assert line.startswith("host p40-09: ssh_strict_host_key_checking = "), line
+        assert "allow_unverified_host_keys" in line
+    assert host_key_problem(_host_with({"ssh_strict_host_key_checking": "yes"}), spec) is None
+    allowed = load_spec("p40-09", {"policy": {"allow_unverified_host_keys": True}})
+    assert host_key_problem(_host_with({}), allowed) is None
+
+
+def test_local_hosts_need_no_host_key():
+    from pyinfra.api import Config, Inventory, State
+
+    from p40fleet.spec import host_key_problem
+
+    inventory = Inventory((["@local"], {}))
+    State(inventory, Config())
+    assert host_key_problem(inventory.get_host("@local"), load_spec("@local", {})) is None

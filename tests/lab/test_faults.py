@@ -87,6 +87,27 @@ def test_refusals_before_any_change_name_host_step_cause_fix(fleet):
         assert lab.ssh(name, "test -e /etc/modprobe.d/blacklist-nouveau.conf").returncode == 1
 
 
+def test_system_deploy_alone_refuses_debian_12_before_any_command(fleet):
+    """S21: deploy/system.py run on its own (not through deploy/full.py) refuses lab5's
+    Debian 12 in its preflight: no operation before the refusal, nothing on the host."""
+    lab = fleet["lab"]
+    started = time.monotonic()
+    result = runs.run("deploy/system.py", "--limit", "lab5", env=dict(CONTROLLER_CACHE))
+    seconds = time.monotonic() - started
+    lines = error_lines(result, "lab5")
+    assert "Traceback" not in result.output, result.output[-3000:]
+    assert result.errors["lab5"] == 1, lines
+    # Nothing ran before the refusal but the run lock's own step (if the preflight takes one).
+    ran = [op for op, hosts in result.operations.items() if "lab5" in hosts]
+    assert ran[-1].endswith("Refuse: preflight"), ran  # "deploy/preflight.py | Refuse: ..."
+    assert all("lock" in op.lower() for op in ran[:-1]), ran
+    assert "host lab5: preflight" in lines and "Debian 12 is not supported" in lines, lines
+    assert lab.ssh("lab5", "test -e /var/cache/p40fleet").returncode == 1
+    assert lab.ssh("lab5", "test -e /etc/modprobe.d/blacklist-nouveau.conf").returncode == 1
+    print(f"deploy/system.py --limit lab5 refused in {seconds:.1f} s")
+    assert seconds < 90
+
+
 def test_bad_group_data_stops_that_host_only(fleet):
     lab = fleet["lab"]
     bad = {
