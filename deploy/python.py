@@ -180,13 +180,17 @@ def deploy(spec: StackSpec) -> None:
         **as_user,
     )
 
-    # 4. torch trio from the spec's index.
+    # 4. torch trio and its closure from the variant's hash-locked file (--require-hashes).
+    variant = requirements_variant(spec)
     torch.torch(
         name=f"torch {spec.torch.version}",
         python=python,
         version=spec.torch.version,
         torchvision=spec.torch.torchvision,
         torchaudio=spec.torch.torchaudio,
+        lock=os.path.join(FILES, f"torch-requirements-{variant}.txt"),
+        lock_dest=f"{cache}/torch-requirements-{variant}.txt",
+        sha256=spec.torch.sha256.given(),
         index_args=spec.pip_index_args(),
         fresh_env=fresh,
         force="torch" in force,
@@ -267,7 +271,6 @@ def deploy(spec: StackSpec) -> None:
         checkout_changes=moving,
         **as_user,
     )
-    variant = requirements_variant(spec)
     requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
     if not os.path.isfile(requirements):
         refuse(

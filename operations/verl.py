@@ -198,7 +198,7 @@ def requirements(
     user: str | None = None,
 ):
     """
-    ``pip install -r`` verl's pinned import-time deps; skip when this file's sha256 is recorded.
+    ``pip install --require-hashes -r`` verl's locked deps; skip when this file's sum is recorded.
 
     + python: the env's interpreter
     + src: local requirements file (``files/verl-requirements-<variant>.txt``)
@@ -219,7 +219,9 @@ def requirements(
         user,
         pip_command(
             python,
-            "install",
+            # Every line carries its sha256; an sdist (antlr4) is built against the env's hashed
+            # setuptools, as an isolated build would fetch its backend without any hash check.
+            "install --require-hashes --no-build-isolation",
             *(QuoteString(arg) for arg in index_args or []),
             "-r",
             QuoteString(dest),
@@ -263,7 +265,8 @@ def install(
         user,
         pip_command(
             python,
-            "install --no-deps --no-build-isolation -e",
+            # --no-index: nothing is downloaded here (the checkout is pinned by commit).
+            "install --no-deps --no-build-isolation --no-index -e",
             QuoteString(checkout),
         ),
     )
