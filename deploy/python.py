@@ -79,8 +79,8 @@ def apex_builders() -> dict[str, str]:
         if not summary.ok:
             continue
         key = apex.build_for(target_spec, gpus).key
-        if os.path.isfile(apex.controller_wheel(key)):
-            continue  # already on the controller: nobody builds
+        if apex.controller_wheel_ok(apex.controller_wheel(key))[0]:
+            continue  # on the controller, matching its recorded sum: nobody builds
         if needs_apex(target, target_spec, key):
             candidates.append((target.name, key))
     builders = apex.choose_builders(candidates)
@@ -236,6 +236,13 @@ def deploy(spec: StackSpec) -> None:
         builder=builder,
         needed=needed and not builds_here,
     )
+    wheel_sum = f"{spec.paths.artifact_cache}/apex-{key}.sha256"  # root-owned, not the user's
+    apex.put_sum(
+        name="Upload the Apex wheel's recorded sha256",
+        local_tar=local_tar,
+        remote_sum=wheel_sum,
+        needed=needed,
+    )
     verify = "import torch, apex, apex_C" + (
         ", amp_C, fused_layer_norm_cuda" if build.cuda_ext else ""
     )
@@ -246,6 +253,7 @@ def deploy(spec: StackSpec) -> None:
         key=key,
         env_dir=the_env,
         verify=verify,
+        sha256_file=wheel_sum,
         fresh_env=fresh,
         force="apex" in force,
         **as_user,
