@@ -221,7 +221,7 @@ def requirements(
             python,
             # Every line carries its sha256; an sdist (antlr4) is built against the env's hashed
             # setuptools, as an isolated build would fetch its backend without any hash check.
-            "install --require-hashes --no-build-isolation",
+            "install --require-hashes --no-build-isolation --use-pep517",
             *(QuoteString(arg) for arg in index_args or []),
             "-r",
             QuoteString(dest),

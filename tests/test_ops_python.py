@@ -636,8 +636,8 @@ def test_verl_requirements_recorded_sha(tmp_path):
     assert not any("-r" in c.split() for c in done.commands)
     todo = run_op(verl.requirements, facts={MarkerText: "old"}, default_facts=True, **kw)
     assert (
-        "install --require-hashes --no-build-isolation --index-url http://m/simple -r /c/req.txt"
-        in todo.commands[-2]
+        "install --require-hashes --no-build-isolation --use-pep517 --index-url http://m/simple "
+        "-r /c/req.txt" in todo.commands[-2]
     )
     assert digest in todo.commands[-1]
 
