@@ -189,7 +189,9 @@ def deploy(spec: StackSpec) -> None:
         torchvision=spec.torch.torchvision,
         torchaudio=spec.torch.torchaudio,
         lock=os.path.join(FILES, f"torch-requirements-{variant}.txt"),
-        lock_dest=f"{cache}/torch-requirements-{variant}.txt",
+        # root-owned (the artifact cache): the training user cannot edit it before pip reads it,
+        # and no root-owned dir appears under its home (its Apex build mkdirs ~/.cache/p40fleet)
+        lock_dest=f"{spec.paths.artifact_cache}/torch-requirements-{variant}.txt",
         sha256=spec.torch.sha256.given(),
         index_args=spec.pip_index_args(),
         fresh_env=fresh,
