@@ -79,8 +79,8 @@ def apex_builders() -> dict[str, str]:
         if not summary.ok:
             continue
         key = apex.build_for(target_spec, gpus).key
-        if os.path.isfile(apex.controller_wheel(key)):
-            continue  # already on the controller: nobody builds
+        if apex.controller_wheel_ok(apex.controller_wheel(key))[0]:
+            continue  # on the controller, matching its recorded sum: nobody builds
         if needs_apex(target, target_spec, key):
             candidates.append((target.name, key))
     builders = apex.choose_builders(candidates)
@@ -180,13 +180,19 @@ def deploy(spec: StackSpec) -> None:
         **as_user,
     )
 
-    # 4. torch trio from the spec's index.
+    # 4. torch trio and its closure from the variant's hash-locked file (--require-hashes).
+    variant = requirements_variant(spec)
     torch.torch(
         name=f"torch {spec.torch.version}",
         python=python,
         version=spec.torch.version,
         torchvision=spec.torch.torchvision,
         torchaudio=spec.torch.torchaudio,
+        lock=os.path.join(FILES, f"torch-requirements-{variant}.txt"),
+        # root-owned (the artifact cache): the training user cannot edit it before pip reads it,
+        # and no root-owned dir appears under its home (its Apex build mkdirs ~/.cache/p40fleet)
+        lock_dest=f"{spec.paths.artifact_cache}/torch-requirements-{variant}.txt",
+        sha256=spec.torch.sha256.given(),
         index_args=spec.pip_index_args(),
         fresh_env=fresh,
         force="torch" in force,
@@ -232,6 +238,13 @@ def deploy(spec: StackSpec) -> None:
         builder=builder,
         needed=needed and not builds_here,
     )
+    wheel_sum = f"{spec.paths.artifact_cache}/apex-{key}.sha256"  # root-owned, not the user's
+    apex.put_sum(
+        name="Upload the Apex wheel's recorded sha256",
+        local_tar=local_tar,
+        remote_sum=wheel_sum,
+        needed=needed,
+    )
     verify = "import torch, apex, apex_C" + (
         ", amp_C, fused_layer_norm_cuda" if build.cuda_ext else ""
     )
@@ -242,6 +255,7 @@ def deploy(spec: StackSpec) -> None:
         key=key,
         env_dir=the_env,
         verify=verify,
+        sha256_file=wheel_sum,
         fresh_env=fresh,
         force="apex" in force,
         **as_user,
@@ -267,7 +281,6 @@ def deploy(spec: StackSpec) -> None:
         checkout_changes=moving,
         **as_user,
     )
-    variant = requirements_variant(spec)
     requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
     if not os.path.isfile(requirements):
         refuse(

@@ -7,11 +7,20 @@ host builds (:func:`choose_builders`: the first host of the inventory that needs
 
     builder:  build_wheel -> fetch_wheel (files.get to the controller cache)
     others:   put_wheel (files.put from the controller cache)
-    all:      install (pip install --no-deps the wheel; records the key in the env)
+    all:      put_sum, install (check the wheel's sha256, pip install --no-deps it; record the key)
 
 pyinfra runs each operation on every host before the next one starts, so the builder's build
-and fetch finish before any host's put. A wheel already in the controller cache means no build
-at all; to force a rebuild, delete ``<controller cache>/apex/<key>/``.
+and fetch finish before any host's put. A wheel already in the controller cache whose sha256
+matches the sum recorded next to it (``apex-wheel.tar.sha256``) means no build at all; to force
+a rebuild, delete ``<controller cache>/apex/<key>/``.
+
+Integrity (the builder's cache dir is writable by its training user, and a copy can be cut
+short): the builder always builds afresh (a tar found there from before is never trusted) and
+writes the tar's sha256 in the same command. The controller fetches both under temporary names,
+checks the tar against that sum and only then records the sum and renames the tar into place.
+The controller's copy is checked against its recorded sum when the run is planned (a mismatch
+means "not built": this run rebuilds it) and again before each upload; each host checks its
+tar against the controller's sum (uploaded root-owned) right before ``pip install``.
 
 Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch),
 ``--config-settings "--build-option=--cpp_ext"`` and, when the torch pin is a CUDA build,
@@ -21,8 +30,11 @@ Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import tarfile
+import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -48,12 +60,15 @@ __all__ = [
     "build_wheel",
     "choose_builders",
     "controller_wheel",
+    "controller_wheel_ok",
     "cuda_ext_default",
     "fetch_wheel",
     "host_work_dir",
     "install",
     "max_jobs",
+    "put_sum",
     "put_wheel",
+    "sha256_of",
 ]
 
 #: Name of the key file in the env dir: the build key of the installed apex.
@@ -146,6 +161,58 @@ def controller_wheel(key: str, cache_dir: str | None = None) -> str:
     return os.path.join(base, "apex", key, WHEEL_TAR)
 
 
+def sha256_of(path: str) -> str:
+    """sha256 of a local file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _recorded_sum(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            text = handle.read().split()
+    except OSError:
+        return None
+    return text[0].lower() if text and re.fullmatch(r"[0-9a-fA-F]{64}", text[0]) else None
+
+
+def controller_wheel_ok(local_tar: str) -> tuple[bool, str]:
+    """(ok, why): the controller's tar exists and matches the sum recorded next to it."""
+    if not os.path.isfile(local_tar):
+        return False, f"{local_tar} is not on the controller"
+    want = _recorded_sum(f"{local_tar}.sha256")
+    if want is None:
+        return False, f"{local_tar} has no recorded sha256 ({local_tar}.sha256)"
+    got = sha256_of(local_tar)
+    if got != want:
+        return (
+            False,
+            f"{local_tar} has sha256 {got}, its recorded sum is {want} (truncated or swapped)",
+        )
+    return True, f"{local_tar} matches its recorded sha256 {want}"
+
+
+def _complete_wheel_tar(path: str) -> str | None:
+    """None when ``path`` is a tar of exactly one readable ``apex-*.whl``; else what is wrong."""
+    try:
+        with tarfile.open(path) as tar:
+            members = tar.getmembers()
+            names = [m.name for m in members]
+            if len(members) != 1 or not re.fullmatch(r"apex-[^/]*\.whl", names[0]):
+                return f"holds {names}, not exactly one apex-*.whl"
+            handle = tar.extractfile(members[0])
+            if handle is None:
+                return f"{names[0]} is not a file"
+            with zipfile.ZipFile(handle) as wheel:
+                bad = wheel.testzip()
+            return f"{names[0]}: {bad} is corrupt" if bad else None
+    except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError) as exc:
+        return f"not a complete wheel tar ({exc})"
+
+
 @operation()
 def build_wheel(
     python: str,
@@ -186,14 +253,23 @@ def build_wheel(
         )
         return
     tar = f"{work_dir}/{WHEEL_TAR}"
-    if host.get_fact(File, path=tar):
-        host.noop(f"apex wheel already built on this host: {tar}")
-        return
     src, wheels, log = f"{work_dir}/src", f"{work_dir}/wheels", f"{work_dir}/build.log"
+    # A tar already here has no sum from this run (its dir is the training user's): rebuilt.
+    if host.get_fact(File, path=tar):
+        host.log(f"apex wheel {tar} from an earlier build is not trusted: building afresh")
+    host.log(f"apex build (minutes; compiles C++/CUDA): log on this host at {log}")
     q_src = QuoteString(src)
     yield as_user(
         user,
-        StringCommand("rm -rf", q_src, QuoteString(wheels), "&& mkdir -p", QuoteString(wheels)),
+        StringCommand(
+            "rm -rf",
+            q_src,
+            QuoteString(wheels),
+            QuoteString(tar),
+            QuoteString(f"{tar}.sha256"),
+            "&& mkdir -p",
+            QuoteString(wheels),
+        ),
     )
     yield as_user(user, StringCommand("git clone --quiet", QuoteString(remote), q_src))
     yield as_user(
@@ -225,7 +301,7 @@ def build_wheel(
     yield as_user(
         user,
         StringCommand(
-            "cd",
+            "start=$(date +%s) && cd",
             q_src,
             "&& env",
             QuoteString(f"CUDA_HOME={cuda_home}"),
@@ -243,8 +319,15 @@ def build_wheel(
             "2>&1 || { tail -n 40",
             QuoteString(log),
             "; echo",
-            QuoteString(f"apex build failed, full log: {log}"),
-            ">&2; exit 1; }",
+            QuoteString("apex build failed after"),
+            '"$(( $(date +%s) - start ))s, full log:"',
+            QuoteString(log),
+            ">&2; exit 1; }; echo",
+            QuoteString("apex build took"),
+            '"$(( $(date +%s) - start ))s, log:"',
+            QuoteString(log),
+            "| tee -a",
+            QuoteString(log),
         ),
     )
     yield watch.stop()
@@ -255,9 +338,16 @@ def build_wheel(
             QuoteString(wheels),
             "&& tar -cf",
             QuoteString(f"{tar}.part"),
-            "apex-*.whl && mv",
+            "apex-*.whl && sha256sum",
+            QuoteString(f"{tar}.part"),
+            "| cut -c1-64 >",
+            QuoteString(f"{tar}.sha256.part"),
+            "&& mv",
             QuoteString(f"{tar}.part"),
             QuoteString(tar),
+            "&& mv",
+            QuoteString(f"{tar}.sha256.part"),
+            QuoteString(f"{tar}.sha256"),
         ),
     )
 
@@ -265,18 +355,47 @@ def build_wheel(
 @operation()
 def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
     """
-    Copy the builder's wheel tar to the controller cache (files.get).
+    Copy the builder's wheel tar and its sum to the controller cache; record the sum.
 
-    + remote_tar: the tar on the builder
+    + remote_tar: the tar on the builder (``remote_tar.sha256``: its sum, written by the build)
     + local_tar: where the controller keeps it (one dir per build key)
     + needed: False on hosts that did not build it (no-op)
+
+    Both land under temporary names; ``local_tar.sha256`` is written (temp name, then rename)
+    and the tar renamed into place only after the copy matches the builder's sum and is a
+    complete wheel tar, so an interrupted copy is never taken for the wheel.
     """
     if not needed:
         host.noop("apex wheel: not built here")
         return
-    yield from files.get._inner(
-        src=remote_tar, dest=local_tar, add_deploy_dir=False, create_local_dir=True
-    )
+    part, part_sum = f"{local_tar}.part", f"{local_tar}.part.sha256"
+    for src, dest in ((remote_tar, part), (f"{remote_tar}.sha256", part_sum)):
+        yield from files.get._inner(
+            src=src, dest=dest, add_deploy_dir=False, create_local_dir=True, force=True
+        )
+
+    def _record(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
+        want, got = _recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
+        problem = None
+        if want is None or got != want:
+            problem = f"copy has sha256 {got}, the build wrote {want} (cut short or swapped)"
+        else:
+            problem = _complete_wheel_tar(part)
+        if problem:
+            host.log_styled(
+                f"host {host.name}: apex wheel fetch: {remote_tar}: {problem} — fix: re-run "
+                "(the builder builds it again; nothing was recorded on the controller)",
+                fg="red",
+            )
+            return False
+        with open(f"{local_tar}.sha256.tmp", "w") as handle:
+            handle.write(f"{got}  {WHEEL_TAR}\n")
+        os.replace(part, local_tar)
+        os.replace(f"{local_tar}.sha256.tmp", f"{local_tar}.sha256")
+        os.unlink(part_sum)
+        return True
+
+    yield FunctionCommand(_record, (), {})
 
 
 @operation()
@@ -298,17 +417,18 @@ def put_wheel(
     where = f"host {builder} was to build it in this run" if builder else "none was built"
 
     def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
-        if os.path.isfile(local_tar):
+        ok, why = controller_wheel_ok(local_tar)  # again now: the builder may just have made it
+        if ok:
             return True
         host.log_styled(
-            f"apex wheel {local_tar} is not on the controller ({where}); "
-            "fix that host's build first, then re-run",
+            f"host {host.name}: apex wheel upload: {why} ({where}) — fix: fix that host's "
+            f"build, or delete {os.path.dirname(local_tar)}/ to rebuild it, then re-run",
             fg="red",
         )
         return False
 
-    if not os.path.isfile(local_tar):
-        yield FunctionCommand(_refuse, (), {})
+    # Checked when the upload runs, whether or not the copy looked right while planning.
+    yield FunctionCommand(_refuse, (), {})
     yield from files.put._inner(
         src=local_tar,
         dest=remote_tar,
@@ -321,12 +441,31 @@ def put_wheel(
 
 
 @operation()
+def put_sum(local_tar: str, remote_sum: str, needed: bool = True):
+    """
+    Upload the controller's recorded sum of the wheel, root-owned, for :func:`install` to check.
+
+    + local_tar: the controller's copy (its sum: ``local_tar.sha256``)
+    + remote_sum: destination on this host, outside the training user's reach
+    + needed: False on hosts whose apex is current (no-op)
+    """
+    if not needed:
+        host.noop("apex wheel sum: not needed here")
+        return
+    yield from files.put._inner(
+        src=f"{local_tar}.sha256", dest=remote_sum, mode="644", add_deploy_dir=False,
+        assume_exists=True,
+    )  # fmt: skip
+
+
+@operation()
 def install(
     python: str,
     wheel_tar: str,
     key: str,
     env_dir: str,
     verify: str = "import torch, apex, apex_C",
+    sha256_file: str | None = None,
     fresh_env: bool = False,
     force: bool = False,
     user: str | None = None,
@@ -340,6 +479,8 @@ def install(
     + env_dir: the conda env dir (holds the key file)
     + verify: python code that must import after the install (the real extension modules:
       importing FusedLayerNorm proves nothing, its import is lazy)
+    + sha256_file: the controller's sum of the tar on this host (:func:`put_sum`); the tar
+      must match it before anything of it is unpacked
     + fresh_env: the env is (re)created earlier in this run: ignore what the facts saw
     + force: reinstall even when the key matches
     + user: run the commands as this user (``su``); None = as connected
@@ -354,10 +495,27 @@ def install(
         if recorded and recorded != key:
             host.log(f"apex installed at build key {recorded}, the spec needs {key}")
     unpacked = f"{wheel_tar}.d"
+    if sha256_file is None:
+        raise ValueError("apex.install: sha256_file is required (the wheel is checked)")
     yield as_user(
         user,
         StringCommand(
-            "rm -rf",
+            "want=$(cut -c1-64",
+            QuoteString(sha256_file),
+            ") && got=$(sha256sum",
+            QuoteString(wheel_tar),
+            '| cut -c1-64) && [ "$want" = "$got" ] || { echo',
+            QuoteString(f"host {host.name}: apex install: {wheel_tar}: sha256"),
+            '"$got",',
+            QuoteString("the controller recorded"),
+            '"$want"',
+            QuoteString(
+                f"({sha256_file}): cut short or swapped, refused — fix: re-run (the controller's "
+                "checked copy is uploaded again)"
+            ),
+            ">&2; rm -f",
+            QuoteString(wheel_tar),
+            "; exit 1; } && rm -rf",
             QuoteString(unpacked),
             "&& mkdir -p",
             QuoteString(unpacked),

@@ -1,13 +1,19 @@
-"""The torch trio in the training env, installed together from the spec's index."""
+"""The torch trio in the training env, installed with its whole dependency closure from a
+hash-locked file (``files/torch-requirements-<variant>.txt``) with ``--require-hashes``."""
 
 from __future__ import annotations
 
+from io import StringIO
+
 from packaging.version import InvalidVersion, Version
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.operations import files
 
 from facts.python_env import EnvDistributions
+from operations.preflight import refusal_message
 from operations.training_user import as_user
+from p40fleet import hashlock
 
 __all__ = ["pip_command", "same_version", "torch"]
 
@@ -33,6 +39,9 @@ def torch(
     version: str,
     torchvision: str | None = None,
     torchaudio: str | None = None,
+    lock: str | None = None,
+    lock_dest: str | None = None,
+    sha256: dict[str, str] | None = None,
     index_args: list[str] | None = None,
     fresh_env: bool = False,
     force: bool = False,
@@ -45,6 +54,9 @@ def torch(
     + version: torch pin, e.g. ``2.6.0+cu118``
     + torchvision: torchvision pin, or None to leave it out (CPU-only labs)
     + torchaudio: torchaudio pin, or None to leave it out
+    + lock: local hash-locked requirements holding the trio and its closure
+    + lock_dest: where the lock (with ``sha256`` added) is uploaded on the host
+    + sha256: ``{distribution: sum}`` the spec supplies for lock lines without a sum
     + index_args: pip arguments choosing the index (``spec.pip_index_args()``)
     + fresh_env: the env is (re)created earlier in this run: ignore what the fact saw
     + force: reinstall even when the pins are installed
@@ -64,14 +76,41 @@ def torch(
     for name, pin in wrong.items():
         if name in installed:
             host.log(f"{name} {installed[name].version} installed, the spec pins {pin}")
-    # Install the whole trio together even if only one is off: they must match each other.
+    if lock is None or lock_dest is None:
+        raise ValueError("torch: lock and lock_dest are required (every byte installed is hashed)")
+    try:
+        with open(lock) as handle:
+            text = hashlock.with_sums(handle.read(), sha256 or {})
+        problems = hashlock.problems(text, pins)
+    except OSError as exc:  # e.g. stack.verl.requirements names a variant without a torch lock
+        text, problems = "", [f"cannot read it ({exc.strerror})"]
+    if problems:
+        message = refusal_message(
+            host.name,
+            "torch install",
+            f"{lock}: " + "; ".join(problems),
+            "put the sha256 of each named wheel (as its index publishes it) in stack.torch.sha256, "
+            "or regenerate the lock for the spec's torch pins (see the file's header)",
+        )
+
+        def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
+            for line in message.splitlines():
+                host.log_styled(line, fg="red")
+            return False
+
+        yield FunctionCommand(_refuse, (), {})
+        return
+    yield from files.put._inner(src=StringIO(text), dest=lock_dest, add_deploy_dir=False)
+    # The whole closure at once: --require-hashes refuses any file whose sum the lock does not
+    # list and any dependency the lock does not pin, so nothing reaches the env unhashed.
     yield as_user(
         user,
         pip_command(
             python,
-            "install",
+            "install --require-hashes",
             *(["--force-reinstall"] if force else []),
             *(QuoteString(arg) for arg in index_args or []),
-            *(QuoteString(f"{name}=={pin}") for name, pin in pins.items()),
+            "-r",
+            QuoteString(lock_dest),
         ),
     )

@@ -205,7 +205,7 @@ def requirements(
     user: str | None = None,
 ):
     """
-    ``pip install -r`` verl's pinned import-time deps; skip when this file's sha256 is recorded.
+    ``pip install --require-hashes -r`` verl's locked deps; skip when this file's sum is recorded.
 
     + python: the env's interpreter
     + src: local requirements file (``files/verl-requirements-<variant>.txt``)
@@ -226,7 +226,9 @@ def requirements(
         user,
         pip_command(
             python,
-            "install",
+            # Every line carries its sha256; an sdist (antlr4) is built against the env's hashed
+            # setuptools, as an isolated build would fetch its backend without any hash check.
+            "install --require-hashes --no-build-isolation --use-pep517",
             *(QuoteString(arg) for arg in index_args or []),
             "-r",
             QuoteString(dest),
@@ -270,7 +272,8 @@ def install(
         user,
         pip_command(
             python,
-            "install --no-deps --no-build-isolation -e",
+            # --no-index: nothing is downloaded here (the checkout is pinned by commit).
+            "install --no-deps --no-build-isolation --no-index -e",
             QuoteString(checkout),
         ),
     )

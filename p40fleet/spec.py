@@ -116,6 +116,9 @@ CUDA_ROOTS: tuple[str, ...] = ("/usr/local", "/opt")
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True)
 
+#: PyPI, the rest of the torch closure when no mirror is set (the torch index lacks new pins).
+PYPI_SIMPLE = "https://pypi.org/simple"
+
 # Default locations of the env paths, relative to user.home.
 _ENV_SUBDIRS = {
     "conda_prefix": "miniconda3",
@@ -384,6 +387,20 @@ class MinicondaArtifact(Artifact):
     size: int | None = Field(default=None, gt=0)
 
 
+class TorchSums(BaseModel):
+    """sha256 of torch index wheels, for lock lines that carry none (see ``TorchPin.sha256``)."""
+
+    model_config = _FROZEN
+
+    torch: Sha256 | None = None
+    torchvision: Sha256 | None = None
+    torchaudio: Sha256 | None = None
+
+    def given(self) -> dict[str, str]:
+        """``{distribution: sha256}`` of the sums set."""
+        return {name: value for name, value in self.model_dump().items() if value}
+
+
 class TorchPin(BaseModel):
     """The torch trio, installed together from one index (they must match each other)."""
 
@@ -394,6 +411,9 @@ class TorchPin(BaseModel):
     torchvision: Pep440 | None = "0.21.0+cu118"
     torchaudio: Pep440 | None = "2.6.0+cu118"
     index_url: BaseUrl = "https://download.pytorch.org/whl/cu118"
+    # {distribution: sha256} for torch/torchvision/torchaudio wheels whose sum the lock file
+    # (files/torch-requirements-<variant>.txt) does not carry; the torch step refuses without.
+    sha256: TorchSums = Field(default_factory=lambda: TorchSums())
 
 
 class GitPin(BaseModel):
@@ -846,9 +866,15 @@ class StackSpec(BaseModel):
 
         - mirror with a PEP 503 index: ``--index-url URL`` (+ ``--find-links`` if also set);
         - mirror with only a wheelhouse: ``--no-index --find-links DIR_OR_URL``;
-        - no mirror: ``--index-url`` the real torch index (cu118 wheels are only there).
+        - no mirror: ``--index-url`` the real torch index (cu118 wheels are only there) and PyPI
+          for the rest of the closure; safe because every file is checked by --require-hashes.
         """
-        return self._mirror_pip_args() or ["--index-url", self.torch.index_url]
+        return self._mirror_pip_args() or [
+            "--index-url",
+            self.torch.index_url,
+            "--extra-index-url",
+            PYPI_SIMPLE,
+        ]
 
     def pip_deps_args(self) -> list[str]:
         """pip arguments for verl's pinned dependencies: the mirror, else PyPI (no arguments)."""
@@ -864,7 +890,9 @@ class StackSpec(BaseModel):
                 args += ["--find-links", mirror.pip_find_links]
         else:
             args = ["--no-index", "--find-links", mirror.pip_find_links]
-        # A plain-http mirror (an air-gapped lab's) must be named trusted or pip ignores it.
+        # A plain-http mirror (an air-gapped lab's) must be named trusted or pip ignores it. Only
+        # hash-locked installs use these arguments (--require-hashes): the transport is not
+        # trusted, the sums are. An https mirror is never named trusted.
         for url in (mirror.pip_index_url, mirror.pip_find_links):
             if url and url.startswith("http://"):
                 args += ["--trusted-host", urlsplit(url).hostname]

@@ -17,6 +17,15 @@ wheels here so the hosts never need a build backend from the network.
 The lab's torch is the CPU build the lab hosts (``/opt/wheels``, ``2.13.0+cpu``): the real
 cu118 index uses absolute links that a naive proxy breaks, and the simulated hosts have no CUDA
 anyway. Re-running with the same requirement list is a no-op (see the stamp).
+
+Hashes: the hosts install ``files/torch-requirements-lab.txt`` and ``files/verl-requirements-
+lab.txt`` with ``pip install --require-hashes``, so the mirror must serve files with exactly
+those sums. Hashed lines are fetched in pip's hash-checking mode (a PyPI file with another sum
+stops the build), and afterwards every hashed line must match a served file. A project that
+ships only an sdist (antlr4-python3-runtime 4.9.3) is built into a wheel here for unhashed use,
+but a locally built wheel has no stable sum (timestamps, build tools), so the lock lists the
+sdist's published sum instead and the mirror serves that sdist too: the host checks it and
+builds it with the env's hashed setuptools (``--no-build-isolation``).
 """
 
 from __future__ import annotations
@@ -41,22 +50,14 @@ from p40lab.util import log
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VERL_REQUIREMENTS = REPO_ROOT / "files" / "verl-requirements-lab.txt"
+TORCH_LOCK = REPO_ROOT / "files" / "torch-requirements-lab.txt"
 TORCH_WHEELS = Path(os.environ.get("P40LAB_TORCH_WHEELS", "/opt/wheels"))
 TORCH_VERSION = "2.13.0+cpu"
 TORCH_REQUIREMENT = f"torch=={TORCH_VERSION}"
 
-# torch brings its own deps through the resolver (filelock, typing-extensions, setuptools,
-# sympy, networkx, jinja2, fsspec, ...). setuptools/wheel/pip/ninja/packaging serve
-# `pip install --no-build-isolation` builds (apex) on a host without network.
-BASE_REQUIREMENTS = [
-    TORCH_REQUIREMENT,
-    "setuptools",
-    "wheel",
-    "pip",
-    "packaging",
-    "numpy",
-    "ninja",
-]
+# torch and its closure (setuptools included) come hash-locked from TORCH_LOCK; wheel, pip and
+# ninja are served for hand-run builds on a host without network (no deploy step installs them).
+BASE_REQUIREMENTS = ["wheel", "pip", "ninja"]
 
 PYTHON_VERSION = "3.11"
 ABI = "cp311"
@@ -70,7 +71,8 @@ PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)] + [
 ]
 MAX_BYTES = 1_500 * 1024 * 1024  # budget for the mirror's Python side
 STAMP = ".wheelhouse.json"
-STAMP_VERSION = 1
+STAMP_VERSION = 2  # 2: hashed lines are checked against the served files, sdists served
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
 
 def normalize(name: str) -> str:
@@ -79,11 +81,17 @@ def normalize(name: str) -> str:
 
 
 def default_requirements() -> list[str]:
-    """The base set plus ``files/verl-requirements-lab.txt`` (read now, if it exists)."""
-    reqs = list(BASE_REQUIREMENTS)
-    if VERL_REQUIREMENTS.exists():
-        reqs += read_requirements(VERL_REQUIREMENTS)
-    return reqs
+    """The lab's torch lock, ``files/verl-requirements-lab.txt`` and the base tools."""
+    reqs: list[str] = []
+    for path in (TORCH_LOCK, VERL_REQUIREMENTS):
+        if path.exists():
+            reqs += read_requirements(path)
+    return reqs + BASE_REQUIREMENTS
+
+
+def line_hashes(line: str) -> list[str]:
+    """The ``--hash=sha256:`` sums of a requirement line."""
+    return _HASH.findall(line)
 
 
 def read_requirements(path: Path) -> list[str]:
@@ -142,6 +150,15 @@ def _find_links_args() -> list[str]:
     return ["--find-links", str(TORCH_WHEELS)] if TORCH_WHEELS.is_dir() else []
 
 
+def _split(req_file: Path) -> tuple[Path, Path]:
+    """Hashed and unhashed lines in two files: pip's hash-checking mode takes all or none."""
+    lines = [line for line in req_file.read_text().splitlines() if line.strip()]
+    hashed, plain = req_file.with_suffix(".hashed.txt"), req_file.with_suffix(".plain.txt")
+    hashed.write_text("".join(f"{line}\n" for line in lines if line_hashes(line)))
+    plain.write_text("".join(f"{line}\n" for line in lines if not line_hashes(line)))
+    return hashed, plain
+
+
 def _download(wheels: Path, req_file: Path) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pip", "download", "--dest", str(wheels)]
     cmd += ["--only-binary", ":all:", "--python-version", PYTHON_VERSION]
@@ -165,8 +182,63 @@ def _wheel_fallback(wheels: Path, req_file: Path) -> subprocess.CompletedProcess
     return subprocess.run(cmd, env=_pip_env(), text=True, capture_output=True)
 
 
+def _fetch(wheels: Path, req_file: Path) -> None:
+    """``pip download`` ``req_file``; on a cp311 controller, build what has no wheel."""
+    proc = _download(wheels, req_file)
+    if proc.returncode == 0:
+        return
+    no_binary = "No matching distribution" in proc.stderr or (
+        "Could not find a version" in proc.stderr
+    )
+    is_target = sys.version_info[:2] == (3, 11) and sys.platform == "linux"
+    if not (no_binary and is_target):
+        raise LabError(f"wheelhouse: pip download failed:\n{proc.stderr.strip()[-3000:]}")
+    proc = _wheel_fallback(wheels, req_file)
+    if proc.returncode != 0:
+        raise LabError(f"wheelhouse: pip wheel failed:\n{proc.stderr.strip()[-3000:]}")
+
+
+def _served(wheels: Path) -> list[Path]:
+    """The files the mirror serves: wheels, and the sdists hashed lines name."""
+    return sorted([*wheels.glob("*.whl"), *wheels.glob("*.tar.gz")])
+
+
+def _serve_hashed(dest: Path, reqs: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Index ``dest``; every hashed line must match a served file (fetch its sdist if none does).
+
+    Returns write_index's projects. Raises LabError naming the lines no served file matches.
+    """
+    projects = write_index(dest)
+
+    def missing() -> list[str]:
+        sums = {f["sha256"] for files in projects.values() for f in files}
+        return [r for r in reqs if line_hashes(r) and not sums & set(line_hashes(r))]
+
+    lost = missing()
+    if lost:
+        # The lock names the sdist's published sum (a wheel built here has no stable one).
+        sdists = dest / ".requirements.sdist.txt"
+        sdists.write_text("".join(f"{r}\n" for r in lost))
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        cmd += ["--dest", str(dest / "wheels"), "-r", str(sdists)]
+        log(f"wheelhouse: {len(lost)} locked line(s) match no wheel: fetching their sdists")
+        subprocess.run(cmd, env=_pip_env(), text=True, capture_output=True)
+        projects = write_index(dest)
+        lost = missing()
+    if lost:
+        raise LabError(
+            "wheelhouse: no served file has the sha256 the lock lists for: "
+            + "; ".join(r.split(" --", 1)[0] for r in lost)
+            + " — regenerate the lock's hashes (see its header) or check what PyPI serves"
+        )
+    return projects
+
+
 def _wheel_meta(path: Path) -> tuple[str, str, str | None]:
-    """(project name, version, Requires-Python) of a wheel, from its METADATA."""
+    """(project name, version, Requires-Python) of a wheel, from its METADATA (sdist: its name)."""
+    if path.name.endswith(".tar.gz"):
+        name, _, version = path.name.removesuffix(".tar.gz").rpartition("-")
+        return name, version, None
     name, version = path.name.split("-")[:2]
     requires_python = None
     try:
@@ -200,7 +272,7 @@ def write_index(dest: Path) -> dict[str, list[dict[str, Any]]]:
     except (OSError, json.JSONDecodeError):
         sums_cache = {}
     new_cache: dict[str, Any] = {}
-    for whl in sorted(wheels.glob("*.whl")):
+    for whl in _served(wheels):
         st = whl.stat()
         key = f"{whl.name}:{st.st_size}:{int(st.st_mtime)}"
         cached = sums_cache.get(key)
@@ -256,7 +328,7 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.glob("*.whl"))
+    return sum(p.stat().st_size for p in _served(path))
 
 
 def build_wheelhouse(
@@ -308,22 +380,14 @@ def build_wheelhouse(
         wheels.mkdir(parents=True, exist_ok=True)
         req_file = dest / ".requirements.txt"
         req_file.write_text("".join(r + "\n" for r in reqs))
-        before = {p.name for p in wheels.glob("*.whl")}
-        proc = _download(wheels, req_file)
-        if proc.returncode != 0:
-            no_binary = "No matching distribution" in proc.stderr or (
-                "Could not find a version" in proc.stderr
-            )
-            is_target = sys.version_info[:2] == (3, 11) and sys.platform == "linux"
-            if not (no_binary and is_target):
-                raise LabError(f"wheelhouse: pip download failed:\n{proc.stderr.strip()[-3000:]}")
-            proc = _wheel_fallback(wheels, req_file)
-            if proc.returncode != 0:
-                raise LabError(f"wheelhouse: pip wheel failed:\n{proc.stderr.strip()[-3000:]}")
+        before = {p.name for p in _served(wheels)}
+        for part in _split(req_file):
+            if part.read_text().strip():
+                _fetch(wheels, part)
         for leftover in wheels.iterdir():  # pip download may leave sdists behind: not served
             if not leftover.name.endswith(".whl") and leftover.is_file():
                 leftover.unlink()
-        projects = write_index(dest)
+        projects = _serve_hashed(dest, reqs)
         total = _dir_bytes(wheels)
         if total > max_bytes:
             raise LabError(
@@ -340,7 +404,7 @@ def build_wheelhouse(
                 "sha256": f["sha256"],
                 "requirement": f"torch=={f['version']}",
             }
-        files = sorted(p.name for p in wheels.glob("*.whl"))
+        files = sorted(p.name for p in _served(wheels))
         result = {
             "pip_index_url": f"{base}/simple",
             "pip_find_links": f"{base}/wheels",

@@ -159,7 +159,26 @@ def test_requirements_file_parsing(tmp_path):
     )
     assert wheelhouse.read_requirements(req) == ["tensordict==0.9.1", "pyyaml==6.0.2"]
     assert wheelhouse.normalize("Typing_Extensions") == "typing-extensions"
-    assert wheelhouse.default_requirements()[0] == "torch==2.13.0+cpu"
+    torch_line = next(r for r in wheelhouse.default_requirements() if r.startswith("torch=="))
+    assert torch_line.startswith("torch==2.13.0+cpu --hash=sha256:")
+    assert wheelhouse.line_hashes(torch_line) == [torch_line.rsplit(":", 1)[1]]
+
+
+def test_a_locked_line_no_served_file_matches_stops_the_wheelhouse(tmp_path, monkeypatch):
+    """The hosts install with --require-hashes: a mirror without the locked bytes is an error
+    at build time, naming the line (the sdist fetch finds nothing with --no-index)."""
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "six-1.17.0-py2.py3-none-any.whl", "w") as zf:
+        zf.writestr("six-1.17.0.dist-info/METADATA", "Name: six\nVersion: 1.17.0\n\n")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    good = wheelhouse.sha256_file(wheels / "six-1.17.0-py2.py3-none-any.whl")
+    projects = wheelhouse._serve_hashed(tmp_path, [f"six==1.17.0 --hash=sha256:{good}"])
+    assert projects["six"][0]["sha256"] == good
+    with pytest.raises(wheelhouse.LabError, match="six==1.17.0"):
+        wheelhouse._serve_hashed(tmp_path, [f"six==1.17.0 --hash=sha256:{'0' * 64}"])
 
 
 def test_setup_py_sdist_builds_in_a_stock_venv(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from types import SimpleNamespace
 
 from pyinfra.facts.files import Directory, File
@@ -190,15 +191,24 @@ def test_wrong_python_version_recreates():
 # -- torch ---------------------------------------------------------------------------------
 
 
-def _torch(dists, **kw):
+FILES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "files")
+REAL_LOCK = os.path.join(FILES, "torch-requirements-v0.5.0.txt")
+LAB_LOCK = os.path.join(FILES, "torch-requirements-lab.txt")
+SUM = "ab" * 32
+
+
+def _torch(dists, lock=REAL_LOCK, **kw):
     return run_op(
         torch.torch,
         python=PY,
         version="2.6.0+cu118",
         torchvision="0.21.0+cu118",
         torchaudio="2.6.0+cu118",
+        lock=lock,
+        lock_dest="/c/torch.txt",
         index_args=["--index-url", "http://m/simple"],
         facts={EnvDistributions: dists},
+        default_facts=True,
         **kw,
     )
 
@@ -212,12 +222,45 @@ def test_torch_at_pin_is_noop():
     assert not _torch(dists).changed
 
 
-def test_torch_installs_trio_from_index():
+def test_torch_without_a_published_sum_is_refused_naming_the_wheels():
+    """The real lock has no sum for torchvision/torchaudio +cu118: nothing unhashed runs."""
     result = _torch({"torch": Dist("2.5.1+cu118")})
-    assert result.commands == [
-        f"{PY} -m pip --disable-pip-version-check install --index-url http://m/simple "
-        "torch==2.6.0+cu118 torchvision==0.21.0+cu118 torchaudio==2.6.0+cu118"
+    assert result.commands == ["function _refuse"], result.commands
+    (message,) = result.failures
+    assert "torch install" in message and "stack.torch.sha256" in message
+    assert "torchvision==0.21.0+cu118 has no --hash" in message
+    assert "torchaudio==2.6.0+cu118 has no --hash" in message
+    assert "torch==2.6.0+cu118 has no" not in message  # its published sum is in the lock
+
+
+def test_torch_installs_the_whole_closure_with_require_hashes():
+    sums = {"torchvision": SUM, "torchaudio": "cd" * 32}
+    result = _torch({"torch": Dist("2.5.1+cu118")}, sha256=sums)
+    assert result.commands[-2:] == [
+        "upload /c/torch.txt",
+        f"{PY} -m pip --disable-pip-version-check install --require-hashes "
+        "--index-url http://m/simple -r /c/torch.txt",
     ]
+    uploaded = result.uploads["/c/torch.txt"]
+    assert f"torchvision==0.21.0+cu118 --hash=sha256:{SUM}" in uploaded
+    # torch's own closure is in the same file, every line hashed
+    for name in ("sympy==", "networkx==", "jinja2==", "filelock==", "fsspec==", "triton=="):
+        assert name in uploaded
+    lines = [x for x in uploaded.splitlines() if x and not x.startswith("#")]
+    assert len(lines) > 20 and all("--hash=sha256:" in x for x in lines)
+
+
+def test_torch_lock_at_another_version_than_the_spec_is_refused():
+    result = run_op(
+        torch.torch,
+        python=PY,
+        version="2.12.0+cpu",
+        lock=LAB_LOCK,
+        lock_dest="/c/torch.txt",
+        facts={EnvDistributions: {}},
+        default_facts=True,
+    )
+    assert "the lock has torch==2.13.0+cpu, the spec pins torch==2.12.0+cpu" in result.failures[0]
 
 
 def test_torch_lab_without_vision_audio_and_fresh_env():
@@ -227,9 +270,12 @@ def test_torch_lab_without_vision_audio_and_fresh_env():
         version="2.13.0+cpu",
         torchvision=None,
         torchaudio=None,
+        lock=LAB_LOCK,
+        lock_dest="/c/torch.txt",
         fresh_env=True,
+        default_facts=True,
     )
-    assert result.commands[0].endswith("install torch==2.13.0+cpu")
+    assert result.commands[-1].endswith("install --require-hashes -r /c/torch.txt")
 
 
 # -- apex ----------------------------------------------------------------------------------
@@ -306,12 +352,127 @@ def test_build_wheel_flags():
     assert "--config-settings --build-option=--cuda_ext" in build
     assert any("git clone --quiet http://m/git/apex.git /w/src" == c for c in result.commands)
     assert any("4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49" in c for c in result.commands)
-    assert result.commands[-1].endswith("/w/apex-wheel.tar")
+    # the tar and its sum from the same command, each renamed into place when complete
+    assert (
+        "sha256sum /w/apex-wheel.tar.part | cut -c1-64 > /w/apex-wheel.tar.sha256.part"
+        in (result.commands[-1])
+    )
+    assert result.commands[-1].endswith("mv /w/apex-wheel.tar.sha256.part /w/apex-wheel.tar.sha256")
+    # issue 13: the build says where its log is and how long it took
+    assert "apex build took" in build and "/w/build.log" in build and "start=$(date +%s)" in build
+    assert any("log on this host at /w/build.log" in line for line in result.logs)
 
 
-def test_build_wheel_cpu_torch_has_no_cuda_ext_and_built_is_noop():
+def test_build_wheel_cpu_torch_has_no_cuda_ext():
     assert "--cuda_ext" not in " ".join(_build_op(cuda_ext=False).commands)
-    assert not _build_op(tar={"size": 1}).changed
+
+
+def test_build_wheel_rebuilds_a_tar_this_run_has_no_sum_for():
+    """S8: a tar already in ~verl/.cache (the training user's) is not taken as the build."""
+    result = _build_op(tar={"size": 1})
+    assert any(" wheel " in c for c in result.commands) and not result.noops
+    assert result.commands[0].startswith("rm -rf /w/src /w/wheels /w/apex-wheel.tar ")
+    assert any("not trusted" in line for line in result.logs)
+
+
+def _wheel_tar(path, payload=b"compiled"):
+    """A tar of one apex-*.whl (a real zip), like the build's."""
+    import io
+    import tarfile
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("apex/__init__.py", payload)
+    data = buf.getvalue()
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("apex-0.1-cp310-cp310-linux_x86_64.whl")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+LOG_HOST = SimpleNamespace(name="lab1", log_styled=lambda *a, **k: None)
+
+
+def _fetch(tmp_path):
+    local = str(tmp_path / "ctl" / "apex-wheel.tar")
+    result = run_op(
+        apex.fetch_wheel,
+        remote_tar="/w/apex-wheel.tar",
+        local_tar=local,
+        facts={},
+        default_facts=True,
+    )
+    return local, result
+
+
+def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
+    local, result = _fetch(tmp_path)
+    assert result.commands[-1] == "function _record"
+    assert not any(c.endswith(f"{local}") and "download" in c for c in result.commands)
+    record = result.functions[-1].function
+    os.makedirs(os.path.dirname(local), exist_ok=True)  # files.get may have made it
+    # the copy was cut short: the builder's sum does not match, nothing is recorded
+    _wheel_tar(local + ".part")
+    full = apex.sha256_of(local + ".part")
+    with open(local + ".part", "r+b") as handle:
+        handle.truncate(1000)
+    open(local + ".part.sha256", "w").write(full + "\n")
+    assert record(None, LOG_HOST) is False
+    assert not os.path.exists(local) and not os.path.exists(local + ".sha256")
+    # a complete copy: renamed into place, its sum recorded next to it
+    _wheel_tar(local + ".part")
+    open(local + ".part.sha256", "w").write(full + "\n")
+    assert record(None, LOG_HOST) is True
+    assert apex.controller_wheel_ok(local) == (True, f"{local} matches its recorded sha256 {full}")
+
+
+def test_controller_tar_whose_recorded_sum_does_not_match_is_refused(tmp_path):
+    """S8: the controller's copy swapped (or cut) after its sum was recorded."""
+    local = _wheel_tar(str(tmp_path / "apex-wheel.tar"))
+    open(local + ".sha256", "w").write(apex.sha256_of(local) + "  apex-wheel.tar\n")
+    assert apex.controller_wheel_ok(local)[0]
+    _wheel_tar(local, payload=b"someone else's code")
+    ok, why = apex.controller_wheel_ok(local)
+    assert not ok and "recorded sum" in why
+    result = _put(local)
+    assert result.commands[0] == "function _refuse"
+    assert result.functions[0].function(None, LOG_HOST) is False
+    os.unlink(local + ".sha256")  # a tar with no recorded sum is not trusted either
+    assert not apex.controller_wheel_ok(local)[0]
+
+
+def test_host_checks_the_tar_against_the_controllers_sum_before_pip_install(tmp_path):
+    result = _install("OLD", {"apex": Dist("0.1")})
+    check = result.commands[0]
+    assert check.index("sha256sum /w/apex-wheel.tar") < check.index("tar -xf")
+    assert "pip" not in check and "pip" in result.commands[1]
+    # run it: the host's tar against the controller's sum (paths moved under tmp_path)
+    tar, record = str(tmp_path / "apex-wheel.tar"), str(tmp_path / "apex-K.sha256")
+    cmd = check.replace("/var/cache/p40fleet/apex-K.sha256", record).replace("/w/", f"{tmp_path}/")
+    _wheel_tar(tar)
+    open(record, "w").write(apex.sha256_of(tar) + "  apex-wheel.tar\n")
+    ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert os.listdir(tar + ".d") == ["apex-0.1-cp310-cp310-linux_x86_64.whl"]
+    with open(tar, "r+b") as handle:  # cut short on the way
+        handle.truncate(1000)
+    bad = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+    assert bad.returncode == 1 and not os.path.exists(tar)  # refused; re-uploaded next run
+    assert "host lab1: apex install:" in bad.stderr
+    assert "cut short or swapped, refused" in bad.stderr and "fix: re-run" in bad.stderr
+
+
+def test_put_sum_uploads_the_controllers_record():
+    result = run_op(
+        apex.put_sum,
+        local_tar="/ctl/apex-wheel.tar",
+        remote_sum="/var/cache/p40fleet/apex-K.sha256",
+        facts={},
+        default_facts=True,
+    )
+    assert "upload /var/cache/p40fleet/apex-K.sha256" in result.commands
 
 
 def _install(recorded, dists, **kw):
@@ -321,6 +482,7 @@ def _install(recorded, dists, **kw):
         wheel_tar="/w/apex-wheel.tar",
         key="K",
         env_dir=ENV,
+        sha256_file="/var/cache/p40fleet/apex-K.sha256",
         facts={MarkerText: recorded, EnvDistributions: dists},
         **kw,
     )
@@ -339,6 +501,18 @@ def test_apex_install_no_deps_and_records_key():
     assert _install("K", {"apex": Dist("0.1")}, fresh_env=True).changed
 
 
+def _put(local):
+    return run_op(
+        apex.put_wheel,
+        local_tar=local,
+        remote_tar="/w/apex-wheel.tar",
+        user="verl",
+        builder="lab1",
+        facts={File: None, Directory: None},
+        default_facts=True,
+    )
+
+
 def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
     missing = str(tmp_path / "none.tar")
     result = run_op(
@@ -352,10 +526,7 @@ def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
     )
     assert result.commands[0] == "function _refuse"
     assert "upload /w/apex-wheel.tar" in result.commands
-    assert (
-        result.functions[0].function(None, SimpleNamespace(log_styled=lambda *a, **k: None))
-        is False
-    )
+    assert result.functions[0].function(None, LOG_HOST) is False
 
 
 def test_controller_wheel_path(monkeypatch, tmp_path):
@@ -442,7 +613,9 @@ def _install_verl(dists, **kw):
 def test_verl_installed_editable_is_noop_else_no_deps_editable():
     assert not _install_verl({"verl": Dist("0.5.0", "/home/verl/verl")}).changed
     result = _install_verl({"verl": Dist("0.5.0", None)})
-    assert "install --no-deps --no-build-isolation -e /home/verl/verl" in result.commands[0]
+    assert (
+        "install --no-deps --no-build-isolation --no-index -e /home/verl/verl" in result.commands[0]
+    )
     assert _install_verl({"verl": Dist("0.5.0", "/home/verl/verl")}, checkout_changes=True).changed
 
 
@@ -462,7 +635,10 @@ def test_verl_requirements_recorded_sha(tmp_path):
     done = run_op(verl.requirements, facts={MarkerText: digest}, default_facts=True, **kw)
     assert not any("-r" in c.split() for c in done.commands)
     todo = run_op(verl.requirements, facts={MarkerText: "old"}, default_facts=True, **kw)
-    assert "install --index-url http://m/simple -r /c/req.txt" in todo.commands[-2]
+    assert (
+        "install --require-hashes --no-build-isolation --use-pep517 --index-url http://m/simple "
+        "-r /c/req.txt" in todo.commands[-2]
+    )
     assert digest in todo.commands[-1]
 
 

@@ -123,7 +123,7 @@ def test_helpers_without_mirror_use_upstream():
         assert spec.artifact_url(name) == getattr(spec, name).url
     assert spec.git_remote("verl") == "https://github.com/volcengine/verl"
     assert spec.git_remote("apex") == "https://github.com/NVIDIA/apex"
-    assert spec.pip_index_args() == ["--index-url", "https://download.pytorch.org/whl/cu118"]
+    assert spec.pip_index_args()[:2] == ["--index-url", "https://download.pytorch.org/whl/cu118"]
     with pytest.raises(KeyError):
         spec.artifact_url("nccl")
     with pytest.raises(KeyError):
@@ -184,8 +184,25 @@ def test_mirror_parts_fall_back_to_upstream():
 
 def test_without_a_mirror_torch_comes_from_its_index_and_deps_from_pypi():
     spec = load_spec("lab1", {})
-    assert spec.pip_index_args() == ["--index-url", "https://download.pytorch.org/whl/cu118"]
+    # the closure's other pins (filelock 4.1.0 ...) are on PyPI only; --require-hashes makes the
+    # second index harmless (a file with another sum is refused, whichever index serves it)
+    assert spec.pip_index_args() == [
+        "--index-url",
+        "https://download.pytorch.org/whl/cu118",
+        "--extra-index-url",
+        "https://pypi.org/simple",
+    ]
     assert spec.pip_deps_args() == []
+
+
+def test_torch_sums_from_the_spec():
+    spec = load_spec("lab1", {"torch": {"sha256": {"torchvision": "AB" * 32}}})
+    assert spec.torch.sha256.given() == {"torchvision": "ab" * 32}
+    assert hash(spec)
+    with pytest.raises(SpecError):
+        load_spec("lab1", {"torch": {"sha256": {"torchvision": "not-a-sum"}}})
+    with pytest.raises(SpecError):
+        load_spec("lab1", {"torch": {"sha256": {"numpy": "ab" * 32}}})
 
 
 def test_driver_branch_follows_version():

@@ -38,6 +38,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from verl_sdist import cache_dir, extract_verl
 
+from p40fleet import hashlock
+
 ROOT = Path(__file__).resolve().parent.parent
 FILES = {
     "v0.5.0": ROOT / "files" / "verl-requirements-v0.5.0.txt",
@@ -222,7 +224,7 @@ def pins(path: Path) -> dict[str, tuple[str, Requirement]]:
     """``{canonical name: (raw line, Requirement)}`` of a requirements file."""
     out: dict[str, tuple[str, Requirement]] = {}
     for raw in path.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
+        line = raw.split("#", 1)[0].split(" --hash=", 1)[0].strip()
         if not line:
             continue
         req = Requirement(line)
@@ -363,6 +365,42 @@ def test_every_line_is_an_exact_pin(variant):
     assert not set(pins(FILES[variant])) & movers, f"{FILES[variant].name} pins a torch mover"
 
 
+TORCH_LOCKS = {
+    "v0.5.0": ROOT / "files" / "torch-requirements-v0.5.0.txt",
+    "lab": ROOT / "files" / "torch-requirements-lab.txt",
+}
+#: Lines without a published sum (the deploy refuses them until stack.torch.sha256 has one).
+NO_PUBLISHED_SUM = {"v0.5.0": {"torchvision", "torchaudio"}, "lab": set()}
+
+
+@pytest.mark.parametrize("path", [*FILES.values(), *TORCH_LOCKS.values()], ids=lambda p: p.name)
+def test_every_requirement_line_carries_its_sha256(path):
+    """pip's --require-hashes refuses the whole file when one line has no --hash."""
+    lines = hashlock.parse(path.read_text())
+    no_sum = {line.name for line in lines if not line.hashes}
+    allowed = NO_PUBLISHED_SUM.get(path.stem.removeprefix("torch-requirements-"), set())
+    if path in FILES.values():
+        allowed = set()
+    assert no_sum == allowed, f"{path.name}: lines without --hash=sha256: {sorted(no_sum)}"
+    assert all(line.version for line in lines), f"{path.name}: not every line is =="
+    text = path.read_text()
+    assert text.count("--hash=sha256:") == sum(len(line.hashes) for line in lines)
+
+
+@pytest.mark.parametrize("variant", sorted(FILES))
+def test_torch_lock_holds_the_closure_and_agrees_with_the_verl_file(variant):
+    torch_pins = hashlock.pinned(TORCH_LOCKS[variant].read_text())
+    verl_pins = hashlock.pinned(FILES[variant].read_text())
+    assert {"torch", "sympy", "networkx", "jinja2", "markupsafe", "mpmath"} <= set(torch_pins)
+    assert {"filelock", "fsspec", "typing-extensions", "setuptools"} <= set(torch_pins)
+    if variant == "v0.5.0":  # the real cu118 stack: triton and the cu11 libraries come too
+        assert torch_pins["triton"] == "3.2.0" and torch_pins["sympy"] == "1.13.1"
+        assert len([n for n in torch_pins if n.startswith("nvidia-") and n.endswith("-cu11")]) == 11
+    shared = set(torch_pins) & set(verl_pins)
+    differ = {n: (torch_pins[n], verl_pins[n]) for n in shared if torch_pins[n] != verl_pins[n]}
+    assert not differ, f"one env, one version per package: {differ}"
+
+
 def test_direct_pins_agree_between_fleet_and_lab(verl_src, ppo):
     fleet, lab = pins(FILES["v0.5.0"]), pins(FILES["lab"])
     differ = [
@@ -418,7 +456,10 @@ def test_files_are_closed_under_pips_resolution(variant, python, torch, tmp_path
     cmd += ["--abi", "cp" + python.replace(".", ""), "--only-binary=:all:"]
     cmd += [arg for p in platforms for arg in ("--platform", p)]
     cmd += ["--find-links", str(wheels), "--find-links", "/opt/wheels"]
-    cmd += ["-r", str(FILES[variant]), torch]
+    # the pins alone: the held torch has no sum here, and hash-checking is all or nothing
+    pins_only = tmp_path / FILES[variant].name
+    pins_only.write_text("".join(f"{line}\n" for line, _ in pins(FILES[variant]).values()))
+    cmd += ["-r", str(pins_only), torch]
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     resolved = {

@@ -258,6 +258,39 @@ def test_corrupted_artifact_is_refused_then_converges(fleet):
     assert_converged(full())
 
 
+def test_mirror_wheel_with_one_byte_flipped_fails_the_python_deploy(fleet):
+    """S4: the mirror serves a wheel whose bytes differ from the lock (its index consistent with
+    the new bytes, as a hostile mirror's would be): --require-hashes refuses it on that host."""
+    from p40lab import wheelhouse
+
+    lab = fleet["lab"]
+    served = sorted((mirror.MIRROR_DIR / "wheels").glob("six-*.whl"))
+    assert len(served) == 1, served
+    wheel, pristine = served[0], served[0].read_bytes()
+    env_dir = ENV_PYTHON.rsplit("/bin/", 1)[0]
+    lab.ssh("lab1", f"{ENV_PYTHON} -m pip uninstall -y -q six && rm -rf /home/verl/.cache/pip "
+            f"{env_dir}/.p40fleet-verl-requirements.sha256", check=True)  # fmt: skip
+    data = bytearray(pristine)
+    # The first member's mod time in its local header: still a valid zip that pip would install
+    # without --require-hashes (a flip in compressed data would trip the zip CRC anyway).
+    assert data[:4] == b"PK\x03\x04"
+    data[10] ^= 0x01
+    try:
+        wheel.write_bytes(bytes(data))
+        os.utime(wheel, (time.time() + 5, time.time() + 5))  # a new key in the index's sum cache
+        wheelhouse.write_index(mirror.MIRROR_DIR)
+        bad = full("--limit", "lab1", deploy="deploy/python.py")
+        assert bad.errors["lab1"], bad.output[-3000:]
+        assert "DO NOT MATCH THE HASHES" in bad.output, bad.output[-3000:]
+        assert lab.ssh("lab1", f"{ENV_PYTHON} -c 'import six'").returncode != 0
+    finally:
+        wheel.write_bytes(pristine)
+        wheelhouse.write_index(mirror.MIRROR_DIR)
+    good = full("--limit", "lab1", deploy="deploy/python.py")
+    assert not good.errors["lab1"], good.output[-3000:]
+    assert lab.ssh("lab1", f"{ENV_PYTHON} -c 'import six'").returncode == 0
+
+
 def test_cuda_install_killed_midway_then_reconverges(fleet):
     lab = fleet["lab"]
     run = "/var/cache/p40fleet/cuda_11.8.0_520.61.05_linux.run"
