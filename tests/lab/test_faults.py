@@ -294,6 +294,7 @@ def test_sudo_password_never_appears(fleet):
     try:
         sampler.stdin.write(CMDLINE_SAMPLER)
         sampler.stdin.close()
+        sampler.stdin = None  # communicate() below must not flush the closed pipe
         assert sampler.stdout.readline().strip() == "ready", sampler.stderr.read()
         result = full(env=as_admin)
     finally:
