@@ -16,14 +16,37 @@ consoles (``ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`` on each host), th
     ssh-keyscan -t ed25519 192.0.2.11 192.0.2.12 192.0.2.13 >> inventories/known_hosts.lab
 
 Keys come from ssh-agent or ~/.ssh/config — never put passwords or keys in this file.
+
+sudo: the deploys connect as ``admin`` and run every step as root through ``sudo`` (``_sudo``
+below; facts too). Recommended: a dedicated deploy account whose sudo needs no password, i.e.
+on each host, in ``visudo -f /etc/sudoers.d/p40fleet``::
+
+    admin ALL=(ALL:ALL) NOPASSWD: ALL
+
+(or connect as ``root`` with a key and drop ``_sudo``). If your sudo must ask a password, give
+it for one run through the environment, never in this file or on the command line::
+
+    read -rs P40FLEET_SUDO_PASSWORD && export P40FLEET_SUDO_PASSWORD   # typed, not echoed
+    pyinfra -y inventories/lab.py deploy/full.py; unset P40FLEET_SUDO_PASSWORD
+
+pyinfra masks it in its output and logs, but it sends it to each host inside the remote
+command (``env SUDO_ASKPASS=… PYINFRA_SUDO_PASSWORD=<password> sudo -H -A -k sh -c …``): for
+the moment that command starts, any user of that host who lists processes
+(``/proc/*/cmdline``) can read it, and sudo's environment holds it (see README, "When it
+fails"). Hence the NOPASSWD rule for a dedicated account.
 """
+
+import os
 
 # Data shared by every host of the group `p40` (pyinfra connector settings).
 _SSH = {
-    "ssh_user": "admin",  # a sudo-capable admin account (the deploys use _sudo)
+    "ssh_user": "admin",  # a sudo-capable admin account, see "sudo" above
+    "_sudo": True,  # every operation and fact runs as root through sudo
     "ssh_strict_host_key_checking": "yes",  # unknown or changed host key = refuse to connect
     "ssh_known_hosts_file": "inventories/known_hosts.lab",  # relative to the repo root
 }
+if os.environ.get("P40FLEET_SUDO_PASSWORD"):  # only when your sudo rule asks one (see above)
+    _SSH["_sudo_password"] = os.environ["P40FLEET_SUDO_PASSWORD"]
 
 # The P40 training hosts: (name, host data). ssh_hostname is the address pyinfra connects to.
 p40 = (

@@ -10,7 +10,11 @@ lab is down this inventory refuses to load, so pyinfra never silently runs again
 
 Groups: ``sim`` (every lab host, lab1..labN, whatever GPUs each has), ``ray_head`` (lab1).
 SSH: root with the lab's ed25519 key, the lab's own known_hosts, strict host key checking, no
-agent, no ~/.ssh keys. Host data: ``gpu_layout`` and ``sim_os`` for information, and ``stack`` =
+agent, no ~/.ssh keys. ``P40LAB_SSH_USER=admin`` connects as the lab's non-root admin instead,
+with ``_sudo`` (a NOPASSWD rule, as a dedicated deploy account has); ``admin-pw``'s sudo asks
+its password: ``P40LAB_SUDO_PASSWORD`` becomes ``_sudo_password`` (the lab keeps it in
+``p40lab.hosts.sudo_password_file()``).
+Host data: ``gpu_layout`` and ``sim_os`` for information, and ``stack`` =
 ``inventories/group_data/all.py``'s ``stack`` deep-merged with the lab's overrides (the doubles'
 sums, the mirror, the base image's python, the lab's torch, ``training``: the lab's own tiny
 model and GSM8K-format data archives with their sums, ``p40lab.training_data``:
@@ -111,8 +115,14 @@ def _stack_host(name: str, overrides: dict) -> dict:
     return _merge(copy.deepcopy(overrides.get("*", {})), overrides.get(name, {}))
 
 
+# the connecting account: root, or a lab admin that reaches root through sudo
+_USER = os.environ.get("P40LAB_SSH_USER", "").strip() or "root"
+_SUDO = {} if _USER == "root" else {"_sudo": True}
+if _SUDO and os.environ.get("P40LAB_SUDO_PASSWORD"):
+    _SUDO["_sudo_password"] = os.environ["P40LAB_SUDO_PASSWORD"]
+
 _SSH = {
-    "ssh_user": "root",
+    "ssh_user": _USER,
     "ssh_hostname": None,
     "ssh_key": _state["ssh_key"],
     "ssh_known_hosts_file": _state["known_hosts"],
@@ -126,6 +136,7 @@ sim = [
         h["name"],
         dict(
             _SSH,
+            **_SUDO,
             ssh_hostname=h["ip"],
             gpu_layout=h["layout"],
             sim_os=h["os"],
@@ -140,4 +151,4 @@ sim = [
 
 ray_head = [_state["hosts"][0]["name"]]
 
-del _state, _stack, _overrides, _host_data
+del _state, _stack, _overrides, _host_data, _USER, _SUDO

@@ -15,6 +15,7 @@ from typing import Any
 
 import gevent
 from pyinfra import host, logger, state
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import BaseStateCallback
 
 from facts.gpu import PciGpus
@@ -137,7 +138,10 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
         # the plan as the launch script has it now (the model config staged by this run)
         plan = training.training_target(spec, target)
         command = fact.command(**probe_arguments(spec, plan))
-        ok, output = target.run_shell_command(command, print_output=False)
+        # as the facts run: with the host's connector arguments (_sudo, _sudo_password...)
+        arguments, _ = pop_global_arguments(target.state, target, {})
+        connect = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+        ok, output = target.run_shell_command(command, print_output=False, **connect)
     except Exception as exc:  # noqa: BLE001 - a host that cannot be probed FAILs, the run goes on
         return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}", plan)
     if not ok:

@@ -9,7 +9,9 @@ Host ``labN`` (``10.231.0.(10+N)``):
   disk for inspection (``down --wipe`` removes them).
 * identity written into the upper layer at ``up``/``reinstall``: hostname, /etc/hosts, ssh host
   key (stable across down/up/reinstall: ``/var/lib/p40lab/hostkeys/labN``), the controller's
-  key in /root/.ssh/authorized_keys, os-release (Ubuntu 20.04.6 focal unless ``--os debian12``),
+  key in /root/.ssh/authorized_keys and for the non-root ``admin`` (sudo, NOPASSWD) and
+  ``admin-pw`` (sudo asks for ``/var/lib/p40lab/admin-pw.sudo-password``), os-release
+  (Ubuntu 20.04.6 focal unless ``--os debian12``),
   the system doubles (``p40lab.doubles.install_system_doubles``: update-initramfs, dkms, apt
   sources = the mirror), the fake PCI tree (:mod:`p40lab.fakehw`),
   ``/var/lib/p40lab-sim/hardware.json``,
@@ -31,6 +33,7 @@ import functools
 import importlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -200,6 +203,54 @@ def write_known_hosts(specs: list[HostSpec]) -> None:
     )
 
 
+# --------------------------------------------------------------------------- admin accounts
+
+#: Non-root accounts on every host, as a real lab has them (the deploys reach root through
+#: sudo): name -> (uid, sudo asks a password). Fixed uids: /home survives a reinstall.
+ADMINS = {"admin": (1500, False), "admin-pw": (1501, True)}
+SUDOERS_FILE = "etc/sudoers.d/p40lab-admins"
+
+
+def sudo_password_file() -> Path:
+    """The lab's sudo password of ``admin-pw`` (random, made once per instance, mode 600)."""
+    return st.LAB_DIR / "admin-pw.sudo-password"
+
+
+def _sudo_password() -> str:
+    path = sudo_password_file()
+    if not path.exists():
+        st.LAB_DIR.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(18) + "\n")
+    return path.read_text().strip()
+
+
+def provision_admins(root: Path) -> None:
+    """``admin`` (sudo without a password: the dedicated deploy account) and ``admin-pw``
+    (sudo asks its password): the controller's key authorized, bash, a sudoers rule each."""
+    pubkey = st.SSH_KEY.with_suffix(".pub").read_text()
+    passwd = (root / "etc/passwd").read_text()
+    rules = []
+    for name, (uid, needs_password) in ADMINS.items():
+        if f"\n{name}:" not in f"\n{passwd}":
+            # useradd/chpasswd of the host itself (chrooted): its own shadow format and hashes
+            run(["chroot", str(root), "useradd", "-u", str(uid), "-U", "-m", "-s", "/bin/bash",
+                 name])  # fmt: skip
+        # "*" = no password yet not locked: sshd (UsePAM no) refuses key logins to "!" accounts
+        secret = _sudo_password() if needs_password else None
+        if secret:
+            run(["chroot", str(root), "chpasswd"], input=f"{name}:{secret}\n")
+        else:
+            run(["chroot", str(root), "usermod", "-p", "*", name])
+        ssh_dir = root / "home" / name / ".ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write(ssh_dir / "authorized_keys", pubkey, 0o600)
+        for path in (ssh_dir.parent, ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, uid, uid)
+        rules.append(f"{name} ALL=(ALL:ALL) {'' if needs_password else 'NOPASSWD: '}ALL\n")
+    _write(root / SUDOERS_FILE, "# p40lab: the lab's admin accounts\n" + "".join(rules), 0o440)
+
+
 # --------------------------------------------------------------------------- disks
 
 
@@ -302,6 +353,7 @@ def provision(spec: HostSpec, specs: list[HostSpec]) -> None:
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     _write(ssh_dir / "authorized_keys", st.SSH_KEY.with_suffix(".pub").read_text(), 0o600)
+    provision_admins(root)
     if spec.os == "ubuntu20.04":
         _write(root / "etc/os-release", FOCAL_OS_RELEASE)
         _write(root / "usr/lib/os-release", FOCAL_OS_RELEASE)
@@ -782,14 +834,16 @@ def reinstall(name: str, *, timeout: float = 30) -> float:
     return time.monotonic() - t0
 
 
-def ssh_argv(h: dict, command: list[str] | str | None = None, tty: bool = False) -> list[str]:
+def ssh_argv(
+    h: dict, command: list[str] | str | None = None, tty: bool = False, user: str = "root"
+) -> list[str]:
     argv = [
         "ssh", "-i", str(st.SSH_KEY), "-o", "IdentitiesOnly=yes",
         "-o", f"UserKnownHostsFile={st.KNOWN_HOSTS}", "-o", "StrictHostKeyChecking=yes",
         "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR",
     ]  # fmt: skip
     argv += ["-t"] if tty else ["-T"]
-    argv.append(f"root@{h['ip']}")
+    argv.append(f"{user}@{h['ip']}")
     if command:
         argv += [command] if isinstance(command, str) else list(command)
     return argv

@@ -108,11 +108,18 @@ class Lab:
 
     # --- actions ---------------------------------------------------------------------------
     def ssh(
-        self, host: str, cmd: str, *, check: bool = False, timeout: float = 120, input=None
+        self,
+        host: str,
+        cmd: str,
+        *,
+        check: bool = False,
+        timeout: float = 120,
+        input=None,
+        user: str = "root",
     ) -> subprocess.CompletedProcess:
         from p40lab import hosts
 
-        argv = hosts.ssh_argv(self.host(host), cmd)
+        argv = hosts.ssh_argv(self.host(host), cmd, user=user)
         proc = subprocess.run(
             argv, input=input, capture_output=True, text=True, timeout=timeout,
             stdin=None if input is not None else subprocess.DEVNULL,

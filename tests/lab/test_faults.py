@@ -9,6 +9,7 @@ loaded with allow_reboot off, local edits in the verl checkout, conda env python
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,8 +28,9 @@ CUDNN_TAR = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
 CONTROLLER_CACHE: dict[str, str] = {}
 
 
-def full(*args: str, stack_host: dict | None = None, host_data: dict | None = None):
-    env = dict(CONTROLLER_CACHE)
+def full(*args: str, stack_host: dict | None = None, host_data: dict | None = None,
+         env: dict | None = None):  # fmt: skip
+    env = dict(CONTROLLER_CACHE, **(env or {}))
     if stack_host:
         env["P40LAB_STACK_HOST"] = json.dumps(stack_host)
     if host_data:
@@ -317,14 +319,61 @@ def test_host_going_down_mid_run_then_reconverges(fleet):
     home_intact(lab)
 
 
+# Runs on a host as the training user (any local user): every 2 ms, the cmdline of every
+# process; for each one carrying PYINFRA_SUDO_PASSWORD, the sha256 of the value and argv[0].
+# Prints only hashes (never the value), as JSON, once /run/p40lab-sampler-stop exists.
+CMDLINE_SAMPLER = r"""
+import hashlib, json, os, re, time
+value = re.compile(rb"PYINFRA_SUDO_PASSWORD='?([^\s'\0]+)")
+hits, sweeps = {}, 0
+print("ready", flush=True)
+while not os.path.exists("/run/p40lab-sampler-stop"):
+    sweeps += 1
+    for pid in os.listdir("/proc"):
+        try:
+            raw = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        m = value.search(raw)
+        if m:
+            key = hashlib.sha256(m.group(1)).hexdigest() + " " + os.path.basename(
+                raw.split(b"\0")[0]).decode(errors="replace")
+            hits[key] = hits.get(key, 0) + 1
+    time.sleep(0.002)
+print(json.dumps({"sweeps": sweeps, "hits": hits}), flush=True)
+"""
+
+
 def test_sudo_password_never_appears(fleet):
+    """A real sudo password (``admin-pw``'s sudo asks it): the run converges through it, and
+    it is in no output, log or file; but pyinfra sends it in the remote command line, which any
+    user of the host can read while that command starts (S18: README "When it fails")."""
+    from p40lab import hosts
+
     lab = fleet["lab"]
-    secret = "P40-s3cret-Sudo-pw"
-    result = full(host_data={"*": {"_sudo": True, "_sudo_password": secret}})
+    secret = hosts.sudo_password_file().read_text().strip()
+    # sudo really asks admin-pw for a password (no NOPASSWD rule, no cached ticket)
+    asks = lab.ssh("lab1", "sudo -n true", user="admin-pw")
+    assert asks.returncode == 1 and "password is required" in asks.stderr, asks.stderr
+    as_admin = {"P40LAB_SSH_USER": "admin-pw", "P40LAB_SUDO_PASSWORD": secret}
+    sampler = subprocess.Popen(
+        hosts.ssh_argv(lab.host("lab1"), "su -s /bin/sh verl -c '/usr/bin/python3 -'"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        sampler.stdin.write(CMDLINE_SAMPLER)
+        sampler.stdin.close()
+        sampler.stdin = None  # communicate() below must not flush the closed pipe
+        assert sampler.stdout.readline().strip() == "ready", sampler.stderr.read()
+        result = full(env=as_admin)
+    finally:
+        lab.ssh("lab1", "touch /run/p40lab-sampler-stop")
+        seen, _err = sampler.communicate(timeout=60)
+        lab.ssh("lab1", "rm -f /run/p40lab-sampler-stop")
     converged(result, "lab1", "lab2")
     assert secret not in result.output
-    sudo = {"P40LAB_HOST_DATA": json.dumps({"*": {"_sudo": True, "_sudo_password": secret}})}
-    debug = runs.run("deploy/verify.py", "--debug", "--limit", "lab1", env=sudo)
+    debug = runs.run("deploy/verify.py", "--debug", "--limit", "lab1", env=as_admin)
+    assert debug.returncode == 0 and "[lab1] verify: PASS" in debug.output, debug.output[-3000:]
     assert secret not in debug.output
     for name in ("lab1", "lab2"):
         upper = lab.root(name).parent / "upper"
@@ -332,3 +381,10 @@ def test_sudo_password_never_appears(fleet):
         assert leaked.stdout == "", leaked.stdout
     assert not any(secret in p.read_text(errors="ignore") for p in Path("/tmp").glob("pyinfra*")
                    if p.is_file())  # fmt: skip
+    # What the training user saw in /proc/*/cmdline during the run (pyinfra's design, S18):
+    # the password itself, in the command line of the user's shell and of `env` before sudo.
+    sampled = json.loads(seen.strip().splitlines()[-1])
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    print(f"sampler: {sampled['sweeps']} sweeps of /proc, hits {sampled['hits']}")
+    assert sampled["sweeps"] > 100
+    assert sampled["hits"] and all(k.split()[0] == digest for k in sampled["hits"])

@@ -2,6 +2,8 @@
 
 One fresh lab for the module (lab1 4xP40, lab2 8xP40, lab3 1xP100, lab4 2xH200), provisioned
 with ``deploy/full.py`` once; the tests then run in order, each leaving the fleet converged.
+Every run of this module connects as the lab's non-root ``admin`` and reaches root through
+sudo (a NOPASSWD rule), as ``inventories/lab.py`` does on a real lab.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ TRAINING_ARCHIVES = "/artifacts/p40lab-"  # p40lab.training_data's archives on t
 
 
 CONTROLLER_CACHE: dict[str, str] = {}  # P40FLEET_CACHE for this module's runs (Apex wheels)
+AS_ADMIN = {"P40LAB_SSH_USER": "admin"}  # inventories/sim.py: ssh_user admin, _sudo
 
 
 def full(*args: str, stack_host: dict | None = None, report: Path | None = None,
          deploy: str = "deploy/full.py") -> runs.RunResult:  # fmt: skip
-    env = dict(CONTROLLER_CACHE)
+    env = dict(CONTROLLER_CACHE, **AS_ADMIN)
     if stack_host:
         env["P40LAB_STACK_HOST"] = json.dumps(stack_host)
     if report is not None:
@@ -80,6 +83,9 @@ def fleet(lab, tmp_path_factory):
     CONTROLLER_CACHE["P40FLEET_CACHE"] = str(tmp_path_factory.mktemp("controller-cache"))
     lab.down()
     lab.up()
+    for name in lab.hosts:  # the admin is not root; sudo makes it root without a password
+        ids = lab.ssh(name, "id -u; sudo -n id -u", user="admin", check=True).stdout.split()
+        assert ids == ["1500", "0"], (name, ids)
     reports = tmp_path_factory.mktemp("reports")
     since = time.time()
     first = full(report=reports / "first.json")
