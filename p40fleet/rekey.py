@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import paramiko
 from paramiko.hostkeys import HostKeys
@@ -215,10 +216,11 @@ def rekey(
     expect: str | None = None,
     yes: bool = False,
     ask: Callable[[str], bool] = _ask_tty,
-    out=sys.stdout,
-    err=sys.stderr,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Fetch, show, and (when vouched for) replace the host's known_hosts entry; exit code."""
+    out, err = out or sys.stdout, err or sys.stderr
     expected = normalize_fingerprint(expect) if expect else None
     try:
         lines = target.known_hosts.read_text().splitlines(keepends=True)
