@@ -6,7 +6,8 @@ up [--hosts N] [--gpus 4xP40,8xP40,1xP100,2xH200] [--no-headers lab2,lab3]
 down [--wipe]                       stop everything (netns, mounts, routes, bridge, PIDs)
 status                              table: host, ip, gpus, os, up/down, uptime
 reboot HOST [--no-wait]             PID 1 ends, the supervisor boots the host again
-reinstall HOST                      OS reinstall: drop everything but /home, boot fresh
+reinstall HOST [--keep-host-key]    OS reinstall: drop everything but /home, new ssh host key
+host-key-fingerprint HOST           the host's ssh host key fingerprints, read from its disk
 ssh HOST [CMD...]                   ssh with the lab key and known_hosts (strict)
 known-hosts                         print the lab's known_hosts path and content
 mirror-hook                         (re)run p40lab.mirror.ensure_mirror + start_server
@@ -125,8 +126,22 @@ def cmd_reinstall(args) -> int:
     from p40lab import hosts
 
     require_root()
-    took = hosts.reinstall(args.host)
-    print(f"{args.host}: reinstalled in {took:.2f} s (/home kept, ssh host key kept)")
+    took = hosts.reinstall(args.host, keep_host_key=args.keep_host_key)
+    if args.keep_host_key:
+        print(f"{args.host}: reinstalled in {took:.2f} s (/home kept, ssh host key kept)")
+        return 0
+    fps = ", ".join(fp for _kind, fp in hosts.host_key_fingerprints(args.host))
+    print(f"{args.host}: reinstalled in {took:.2f} s (/home kept, NEW ssh host key {fps}); "
+          f"re-key it: python -m p40fleet.rekey inventories/sim.py {args.host} --expect "
+          "SHA256:...")  # fmt: skip
+    return 0
+
+
+def cmd_host_key_fingerprint(args) -> int:
+    from p40lab import hosts
+
+    for kind, fp in hosts.host_key_fingerprints(args.host):
+        print(f"{fp} {kind}")
     return 0
 
 
@@ -205,9 +220,15 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("host")
     s.add_argument("--no-wait", action="store_true")
     s.set_defaults(fn=cmd_reboot)
-    s = sub.add_parser("reinstall", help="reinstall a host's OS (keeps /home)")
+    s = sub.add_parser("reinstall", help="reinstall a host's OS (keeps /home; new host key)")
     s.add_argument("host")
+    s.add_argument(
+        "--keep-host-key", action="store_true", help="restore the old ssh host key (from backup)"
+    )
     s.set_defaults(fn=cmd_reinstall)
+    s = sub.add_parser("host-key-fingerprint", help="the host's key fingerprints, from its disk")
+    s.add_argument("host")
+    s.set_defaults(fn=cmd_host_key_fingerprint)
     s = sub.add_parser("ssh", help="ssh into a host")
     s.add_argument("host")
     s.add_argument("command", nargs=argparse.REMAINDER)

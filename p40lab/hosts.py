@@ -8,17 +8,19 @@ Host ``labN`` (``10.231.0.(10+N)``):
   ``up`` gives fresh disks (uppers wiped) unless ``--keep-disks``; ``down`` leaves the uppers on
   disk for inspection (``down --wipe`` removes them).
 * identity written into the upper layer at ``up``/``reinstall``: hostname, /etc/hosts, ssh host
-  key (stable across down/up/reinstall: ``/var/lib/p40lab/hostkeys/labN``), the controller's
-  key in /root/.ssh/authorized_keys and for the non-root ``admin`` (sudo, NOPASSWD) and
-  ``admin-pw`` (sudo asks for ``/var/lib/p40lab/admin-pw.sudo-password``), os-release
-  (Ubuntu 20.04.6 focal unless ``--os debian12``),
+  key (``/var/lib/p40lab/hostkeys/labN``: stable across down/up, new at reinstall), the
+  controller's key in /root/.ssh/authorized_keys and for the non-root ``admin`` (sudo,
+  NOPASSWD) and ``admin-pw`` (sudo asks for ``/var/lib/p40lab/admin-pw.sudo-password``),
+  os-release (Ubuntu 20.04.6 focal unless ``--os debian12``),
   the system doubles (``p40lab.doubles.install_system_doubles``: update-initramfs, dkms, apt
   sources = the mirror), the fake PCI tree (:mod:`p40lab.fakehw`),
   ``/var/lib/p40lab-sim/hardware.json``,
   ``/lib/modules/$(uname -r)/`` with a ``build`` headers dir unless ``--no-headers``.
-* ``reinstall`` = OS reinstall: everything in the upper layer except ``/home`` is dropped. The
-  ssh host key is kept on purpose (a real reinstall changes it, but then strict host key
-  checking would refuse the host; the lab's known_hosts stays valid instead).
+* ``reinstall`` = OS reinstall: everything in the upper layer except ``/home`` is dropped and,
+  as a real install does, the host gets a NEW ssh host key: the lab's known_hosts (the
+  inventory's) then refuses it until ``python -m p40fleet.rekey``; ``keep_host_key=True``
+  (``--keep-host-key``) keeps the old one, for admins who restore /etc/ssh from a backup.
+  :func:`host_key_fingerprints` reads the host's key like an admin at its console.
 * runtime files in ``/var/lib/p40lab/run/labN/``: console.log, supervisor.pid, unshare.pid,
   boots, boot-time, modules (fake /proc/modules), stop.
 
@@ -29,7 +31,9 @@ paths and names only, so ``up``/``down``/``leftovers`` never see or touch anothe
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 import importlib
 import json
 import os
@@ -188,6 +192,17 @@ def host_key(name: str) -> Path:
     if not key.exists():
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)])
     return key
+
+
+def host_key_fingerprints(name: str) -> list[tuple[str, str]]:
+    """``(key type, SHA256:...)`` of each ``/etc/ssh/ssh_host_*_key.pub`` on the host's disk:
+    what ``ssh-keygen -lf`` shows an admin at the host's console, not read over the network."""
+    out = []
+    for pub in sorted((Path(get_host(name)["root"]) / "etc/ssh").glob("ssh_host_*_key.pub")):
+        kind, blob = pub.read_text().split()[:2]
+        digest = hashlib.sha256(base64.b64decode(blob)).digest()
+        out.append((kind, "SHA256:" + base64.b64encode(digest).decode().rstrip("=")))
+    return out
 
 
 def write_known_hosts(specs: list[HostSpec]) -> None:
@@ -808,8 +823,9 @@ def reboot(name: str, *, wait: bool = True, timeout: float = 30) -> float:
 
 
 @_locked
-def reinstall(name: str, *, timeout: float = 30) -> float:
-    """OS reinstall: stop, drop the upper layer except /home, provision, boot fresh."""
+def reinstall(name: str, *, keep_host_key: bool = False, timeout: float = 30) -> float:
+    """OS reinstall: stop, drop the upper layer except /home, provision (a new ssh host key
+    unless ``keep_host_key``), boot fresh."""
     h = get_host(name)
     t0 = time.monotonic()
     data = st.load()
@@ -818,6 +834,9 @@ def reinstall(name: str, *, timeout: float = 30) -> float:
     stop_host(h)
     umount_disk(spec.name)
     wipe_upper(spec.name, keep=("home",))
+    if not keep_host_key:  # provision() generates the new one; `up` writes it to known_hosts
+        for stale in (st.HOSTKEYS_DIR / spec.name, st.HOSTKEYS_DIR / f"{spec.name}.pub"):
+            stale.unlink(missing_ok=True)
     mount_disk(spec.name)
     provision(spec, specs)
     pid = start_supervisor(spec)

@@ -2,7 +2,7 @@
 
     def test_x(lab):
         lab.ssh("lab1", "hostname")              # CompletedProcess (text); check=True raises
-        lab.reboot("lab1"); lab.reinstall("lab3")
+        lab.reboot("lab1"); lab.reinstall("lab3")       # keep_host_key=False: a new key
         lab.pyinfra("inventories/sim.py", "exec", "--", "hostname")
         lab.root("lab1") / "etc/hostname"         # the host's disk, seen from the controller
 
@@ -136,10 +136,29 @@ class Lab:
 
         return hosts.reboot(host, wait=wait)
 
-    def reinstall(self, host: str) -> float:
+    def reinstall(self, host: str, keep_host_key: bool = True) -> float:
+        """OS reinstall. Tests that are not about host keys restore the old key (an admin with
+        a backup of /etc/ssh); ``keep_host_key=False`` is a real reinstall's new key, which the
+        lab's known_hosts refuses until ``python -m p40fleet.rekey`` (see :meth:`rekey`)."""
         from p40lab import hosts
 
-        return hosts.reinstall(host)
+        return hosts.reinstall(host, keep_host_key=keep_host_key)
+
+    def host_key_fingerprint(self, host: str) -> str:
+        """The host's ed25519 fingerprint, as its console shows it (``p40lab
+        host-key-fingerprint``)."""
+        out = subprocess.run(
+            [sys.executable, "-m", "p40lab", "host-key-fingerprint", host], cwd=REPO,
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        return next(line.split()[0] for line in out.splitlines() if "ssh-ed25519" in line)
+
+    def rekey(self, host: str, *args: str) -> subprocess.CompletedProcess:
+        """``python -m p40fleet.rekey inventories/sim.py HOST ARGS`` (the runbook's step)."""
+        return subprocess.run(
+            [sys.executable, "-m", "p40fleet.rekey", "inventories/sim.py", host, *args],
+            cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
 
     def pyinfra(
         self, inventory: str, deploy: str, *args: str, timeout: float = 900, env=None

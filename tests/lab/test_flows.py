@@ -23,6 +23,8 @@ PROVISIONED = ("lab1", "lab2", "lab3")
 ENV_PYTHON = "/home/verl/miniconda3/envs/verl-p40/bin/python"
 CUDNN_TAR = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
 TRAINING_CHECKS = ("trainer modules", "launch overrides", "model files", "data files")
+SYSTEM_ARTIFACTS = ("NVIDIA-Linux-x86_64-525.147.05.run", "cuda_11.8.0_520.61.05_linux.run",
+                    CUDNN_TAR)  # fmt: skip
 TRAINING_ARCHIVES = "/artifacts/p40lab-"  # p40lab.training_data's archives on the mirror
 
 
@@ -223,19 +225,52 @@ def test_verl_ref_bump_reruns_only_the_verl_steps(fleet):
         assert all("verl" in op for op in back.changed_operations(name)), name
 
 
+def fetched_by(lab, name: str, since: float) -> dict[str, int]:
+    """Mirror path -> body bytes sent to host ``name`` since ``since`` (its access log)."""
+    ip, out = lab.host(name)["ip"], {}
+    for e in mirror.access_entries():
+        if e["client"] == ip and e["time"] >= since and e["bytes"]:
+            out[e["path"]] = out.get(e["path"], 0) + e["bytes"]
+    return out
+
+
 def test_reinstall_keeps_home_and_reconverges(fleet):
+    """README "After an OS reinstall", end to end: the new host key is refused, re-keyed with
+    the console's fingerprint, and the next run reconverges from what /home kept."""
     lab = fleet["lab"]
     env_python = lab.root("lab2") / "home/verl/miniconda3/envs/verl-p40/pyvenv.cfg"
     inode = env_python.stat().st_ino
-    lab.reinstall("lab2")
+    lab.reinstall("lab2", keep_host_key=False)  # a real reinstall: a new ssh host key
+    before, rekeyed = snapshot(lab, "lab2"), None
+    try:
+        refused = full()
+        assert "lab2" not in refused.connected, refused.output[-3000:]
+        assert "SSH host key error" in refused.output, refused.output[-3000:]
+        assert snapshot(lab, "lab2") == before  # refused before login: nothing ran or was sent
+        assert_converged(refused, hosts=("lab1", "lab3"))
+        assert refused.changed_operations("lab1") == refused.changed_operations("lab3") == []
+        rekeyed = lab.rekey("lab2", "--expect", lab.host_key_fingerprint("lab2"))
+        assert rekeyed.returncode == 0, rekeyed.stdout + rekeyed.stderr
+    finally:
+        if rekeyed is None or rekeyed.returncode:
+            lab.rekey("lab2", "--yes")  # the module's later tests need lab2 reachable
     assert lab.ssh("lab2", "test -e /sys/module/nouveau").returncode == 0  # a fresh OS
     assert lab.ssh("lab2", "test -e /usr/local/cuda-11.8").returncode == 1
+    since = time.time()
     result = full()
     assert_converged(result)
     assert env_python.stat().st_ino == inode  # the env under /home was kept, not rebuilt
     changed = result.changed_operations("lab2")
     assert not any("Conda env" in op or "Build the Apex" in op for op in changed), changed
     assert result.changed_operations("lab1") == [] and result.changed_operations("lab3") == []
+    # Fetched again: only what the reinstall wiped from lab2's artifact cache (/var/cache) and
+    # the system layer needs, each once. Not the Apex wheel (controller cache), Miniconda, pip
+    # wheels, verl's git or the training archives (their products live under the kept /home).
+    fetched = fetched_by(lab, "lab2", since)
+    sizes = {f"/artifacts/{n}": (mirror.MIRROR_DIR / "artifacts" / n).stat().st_size
+             for n in SYSTEM_ARTIFACTS}  # fmt: skip
+    assert fetched == sizes, fetched
+    assert fetched_by(lab, "lab1", since) == {} and fetched_by(lab, "lab3", since) == {}
 
 
 def test_allow_reboot_off_stops_that_host_and_the_others_finish(fleet):

@@ -380,7 +380,7 @@ def test_boot_d_hooks_run_at_boot(lab):
     lab.ssh("lab3", "rm -f /etc/p40lab-sim/boot.d/50-test /etc/p40lab-sim/boot.d/10-fails")
 
 
-def test_reinstall_drops_system_changes_keeps_home_and_host_key(lab):
+def test_reinstall_drops_system_changes_keeps_home_and_makes_a_new_host_key(lab):
     host = "lab3"
     lab.ssh(
         host,
@@ -392,8 +392,21 @@ def test_reinstall_drops_system_changes_keeps_home_and_host_key(lab):
     )
     lab.reboot(host)
     assert modules(lab, host) == set()
-    key_before = (lab.root(host) / "etc/ssh/ssh_host_ed25519_key.pub").read_text()
-    lab.reinstall(host)
+    pub = lab.root(host) / "etc/ssh/ssh_host_ed25519_key.pub"
+    key_before, fp_before = pub.read_text(), lab.host_key_fingerprint(host)
+    lab.reinstall(host, keep_host_key=False)  # what a real reinstall does
+    assert pub.read_text() != key_before
+    fp = lab.host_key_fingerprint(host)
+    assert fp != fp_before and fp.startswith("SHA256:")
+    # strict checking against the lab's (the inventory's) known_hosts refuses the new key ...
+    refused = lab.ssh(host, "true")
+    assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+    # ... the wrong fingerprint changes nothing, the console's one re-keys it
+    assert lab.rekey(host, "--expect", fp_before).returncode == 2
+    assert lab.ssh(host, "true").returncode == 255
+    rekeyed = lab.rekey(host, "--expect", fp)
+    assert rekeyed.returncode == 0, rekeyed.stdout + rekeyed.stderr
+    assert f"new: ssh-ed25519 {fp}" in rekeyed.stdout and fp_before in rekeyed.stdout
     out = lab.ssh(
         host,
         "ls /etc/p40-marker /usr/local/cuda-11.8 /etc/modprobe.d/bl.conf 2>&1; "
@@ -403,7 +416,10 @@ def test_reinstall_drops_system_changes_keeps_home_and_host_key(lab):
     assert out.count("No such file or directory") == 3, out
     assert out.split()[-2:] == ["z", "1"], out
     assert modules(lab, host) == {"nouveau"}
-    assert (lab.root(host) / "etc/ssh/ssh_host_ed25519_key.pub").read_text() == key_before
+    # --keep-host-key: an admin who restores /etc/ssh from a backup; known_hosts stays valid
+    key_now = pub.read_text()
+    lab.reinstall(host, keep_host_key=True)
+    assert pub.read_text() == key_now and lab.host_key_fingerprint(host) == fp
     lab.ssh(host, "rm -rf /home/verl", check=True)
 
 
