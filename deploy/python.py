@@ -30,7 +30,9 @@ FILES = os.path.join(REPO, "files")
 
 def env_fresh(spec: StackSpec) -> bool:
     """The env is (re)created by this run: installed-package facts no longer hold."""
-    reason = conda.env_rebuild_reason(spec.env.conda_prefix, spec.env.name, spec.python_version)
+    reason = conda.env_rebuild_reason(
+        spec.env.conda_prefix, spec.env.name, spec.python_version, spec.user.name
+    )
     return reason is not None or "env" in spec.policy.force_reinstall
 
 
@@ -41,9 +43,9 @@ def needs_apex(target, spec: StackSpec, key: str) -> bool:
             return True
         key_file = f"{env_dir(spec.env.conda_prefix, spec.env.name)}/{apex.KEY_FILE}"
         python = env_python(spec.env.conda_prefix, spec.env.name)
-        if target.get_fact(MarkerText, path=key_file) != key:
+        if target.get_fact(MarkerText, path=key_file, user=spec.user.name) != key:
             return True
-        return "apex" not in target.get_fact(EnvDistributions, python=python)
+        return "apex" not in target.get_fact(EnvDistributions, python=python, user=spec.user.name)
 
 
 class _on:
@@ -303,7 +305,10 @@ def verl_checkout_moves(spec: StackSpec) -> bool:
     """The verl checkout is not at the pinned commit yet (so patch + install must re-run)."""
     from facts.python_env import GitCheckout
 
-    return host.get_fact(GitCheckout, path=spec.env.verl_checkout).head != spec.verl.commit
+    return (
+        host.get_fact(GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head
+        != spec.verl.commit
+    )
 
 
 _spec = validated_spec()

@@ -15,7 +15,7 @@ from pyinfra.operations import server
 
 from operations.preflight import refuse
 
-__all__ = ["as_user", "training_user"]
+__all__ = ["as_user", "mkdir_as", "training_user"]
 
 
 @operation()
@@ -78,6 +78,14 @@ def as_user(user: str | None, command: StringCommand) -> StringCommand:
     if not user:
         return command
     return StringCommand("su -s /bin/sh", QuoteString(user), "-c", QuoteString(command))
+
+
+def mkdir_as(user: str, path: str):
+    """Yield ``mkdir -p path`` as ``user`` when ``path`` is not a directory yet: an upload into
+    the user's home then leaves no root-owned parent (``files.put`` would create the parents as
+    root and chown only the last)."""
+    if not host.get_fact(Directory, path=path):
+        yield as_user(user, StringCommand("mkdir -p", QuoteString(path)))
 
 
 def queued_hosts(state) -> set[str]:

@@ -18,7 +18,7 @@ from pyinfra.operations import files
 from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
 from operations.preflight import refuse
 from operations.torch import pip_command, same_version
-from operations.training_user import as_user
+from operations.training_user import as_user, mkdir_as
 
 __all__ = [
     "PATCH_EXIT",
@@ -76,7 +76,7 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     At another commit: fetch, then check out the new ref, dropping only our own recorded
     patches; local edits stop the host with their file names, never clobbered.
     """
-    state = host.get_fact(GitCheckout, path=path)
+    state = host.get_fact(GitCheckout, path=path, user=user)
     q_path = QuoteString(path)
     if state.exists and not state.is_repo:
         yield from refuse._inner(
@@ -157,12 +157,16 @@ def patch(
     digest = hashlib.sha256(rules_json.encode()).hexdigest()[:16]
     script = posixpath.join(work_dir, "verl_patch.py")
     rules = posixpath.join(work_dir, f"rules-{digest}.json")
+    yield from mkdir_as(user, work_dir)  # as the user: no root-owned directory in its home
     yield from files.put._inner(
-        src=script_src, dest=script, user=user, group=user, mode="755", add_deploy_dir=False
+        src=script_src, dest=script, user=user, group=user, mode="755", add_deploy_dir=False,
+        create_remote_dir=False,
+    )  # fmt: skip
+    yield from files.put._inner(
+        src=StringIO(rules_json), dest=rules, user=user, group=user, create_remote_dir=False
     )
-    yield from files.put._inner(src=StringIO(rules_json), dest=rules, user=user, group=user)
     check = host.get_fact(
-        VerlPatchCheck, python=python, script=script, rules=rules, checkout=checkout
+        VerlPatchCheck, python=python, script=script, rules=rules, checkout=checkout, user=user
     )
     if check == str(PATCH_EXIT["no-change"]) and not checkout_changes:
         host.noop("verl patch rules already applied")
@@ -210,9 +214,13 @@ def requirements(
     """
     with open(src, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
-    yield from files.put._inner(src=src, dest=dest, add_deploy_dir=False)
+    if user:  # as the user: no root-owned directory (or file) in its home
+        yield from mkdir_as(user, posixpath.dirname(dest))
+    yield from files.put._inner(
+        src=src, dest=dest, user=user, group=user, add_deploy_dir=False, create_remote_dir=not user
+    )
     marker = f"{env_dir.rstrip('/')}/{REQUIREMENTS_MARKER}"
-    if not fresh_env and host.get_fact(MarkerText, path=marker) == digest:
+    if not fresh_env and host.get_fact(MarkerText, path=marker, user=user) == digest:
         host.noop(f"verl requirements {posixpath.basename(src)} already installed")
         return
     yield as_user(
@@ -251,7 +259,7 @@ def install(
     + force: reinstall anyway
     + user: run the commands as this user (``su``); None = as connected
     """
-    dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python)
+    dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python, user=user)
     verl = dists.get("verl")
     here = verl is not None and (verl.editable or "").rstrip("/") == checkout.rstrip("/")
     if here and same_version(verl.version, version) and not (checkout_changes or force):
