@@ -147,11 +147,11 @@ def deploy(spec: StackSpec) -> None:
 
     files.directory(
         name=f"Training data dir {env.data_dir}", path=env.data_dir, user=user.name,
-        group=user.name, mode="755",
+        group=user.name, mode="750",
     )  # fmt: skip
     files.directory(
         name=f"Model dir {env.model_dir}", path=env.model_dir, user=user.name,
-        group=user.name, mode="755",
+        group=user.name, mode="750",
     )  # fmt: skip
 
     # 2. Miniconda from the sha256-verified installer; ToS per policy.
