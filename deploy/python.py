@@ -108,8 +108,9 @@ def requirements_variant(spec: StackSpec) -> str:
 def deploy(spec: StackSpec) -> None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
-    # Commands run as the training user (su); facts run as the connecting user, because on a
-    # fresh host the training user does not exist yet while facts are gathered.
+    # Commands run as the training user (su); facts run as root and drop to that user for
+    # anything under its home (p40fleet/privdrop.py), answering "missing" while it does not
+    # exist yet (a fresh host: facts are gathered before the user is created).
     as_user = {"user": user.name}
     python = env_python(env.conda_prefix, env.name)
     the_env = env_dir(env.conda_prefix, env.name)

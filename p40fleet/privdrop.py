@@ -25,7 +25,7 @@ AS_USER_FN = f"""p40fleet_as() {{
     _h=$(getent passwd "$_u" | cut -d: -f6)
     set -- env -i HOME="${{_h:-/}}" USER="$_u" LOGNAME="$_u" SHELL=/bin/sh PATH={CLEAN_PATH} "$@"
     if [ "$(id -u)" = "$(id -u "$_u")" ]; then (cd / && "$@")
-    else (cd / && runuser -u "$_u" -- "$@"); fi
+    else (cd / && PATH="$PATH:/usr/sbin:/sbin" && runuser -u "$_u" -- "$@"); fi
 }}"""
 
 
