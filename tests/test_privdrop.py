@@ -302,3 +302,27 @@ def test_system_account_refusal_names_another_user_never_usermod():
     )  # fmt: skip
     message = result.failures[0]
     assert "usermod" not in message and "stack.user.name" in message, message
+
+
+def test_the_verify_probe_answers_through_the_drop_and_never_runs_the_env_as_root(open_tmp):
+    """S1 for real: the whole probe on a fake host (tests/test_checks.py) as root with the
+    training user ``nobody``: the env's python answers, and its .pth ran as nobody only."""
+    from p40fleet.checks import parse_probe
+    from tests.test_checks import _fake_host
+
+    nobody = _needs_root_and_nobody()
+    params = {**_fake_host(open_tmp), "user": "nobody"}
+    marks = open_tmp / "marks"
+    marks.mkdir()
+    marks.chmod(0o777)
+    site = glob.glob(str(Path(params["python"]).parents[1] / "lib/python3*/site-packages"))[0]
+    Path(site, "zz.pth").write_text(
+        f"import os; open({str(marks)!r} + '/ran-as-uid-%d' % os.getuid(), 'w')\n"
+    )
+    for path in open_tmp.rglob("*"):  # the fake host's files are the user's, readable by it
+        path.chmod(path.stat().st_mode | 0o055)
+    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    answers = parse_probe(proc.stdout.splitlines())
+    python = answers.section("python")
+    assert python is not None and python.answer and python.answer.get("version"), proc.stdout
+    assert sorted(os.listdir(marks)) == [f"ran-as-uid-{nobody}"]
