@@ -30,7 +30,9 @@ FILES = os.path.join(REPO, "files")
 
 def env_fresh(spec: StackSpec) -> bool:
     """The env is (re)created by this run: installed-package facts no longer hold."""
-    reason = conda.env_rebuild_reason(spec.env.conda_prefix, spec.env.name, spec.python_version)
+    reason = conda.env_rebuild_reason(
+        spec.env.conda_prefix, spec.env.name, spec.python_version, spec.user.name
+    )
     return reason is not None or "env" in spec.policy.force_reinstall
 
 
@@ -41,9 +43,9 @@ def needs_apex(target, spec: StackSpec, key: str) -> bool:
             return True
         key_file = f"{env_dir(spec.env.conda_prefix, spec.env.name)}/{apex.KEY_FILE}"
         python = env_python(spec.env.conda_prefix, spec.env.name)
-        if target.get_fact(MarkerText, path=key_file) != key:
+        if target.get_fact(MarkerText, path=key_file, user=spec.user.name) != key:
             return True
-        return "apex" not in target.get_fact(EnvDistributions, python=python)
+        return "apex" not in target.get_fact(EnvDistributions, python=python, user=spec.user.name)
 
 
 class _on:
@@ -106,8 +108,9 @@ def requirements_variant(spec: StackSpec) -> str:
 def deploy(spec: StackSpec) -> None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
-    # Commands run as the training user (su); facts run as the connecting user, because on a
-    # fresh host the training user does not exist yet while facts are gathered.
+    # Commands run as the training user (su); facts run as root and drop to that user for
+    # anything under its home (p40fleet/privdrop.py), answering "missing" while it does not
+    # exist yet (a fresh host: facts are gathered before the user is created).
     as_user = {"user": user.name}
     python = env_python(env.conda_prefix, env.name)
     the_env = env_dir(env.conda_prefix, env.name)
@@ -145,11 +148,11 @@ def deploy(spec: StackSpec) -> None:
 
     files.directory(
         name=f"Training data dir {env.data_dir}", path=env.data_dir, user=user.name,
-        group=user.name, mode="755",
+        group=user.name, mode="750",
     )  # fmt: skip
     files.directory(
         name=f"Model dir {env.model_dir}", path=env.model_dir, user=user.name,
-        group=user.name, mode="755",
+        group=user.name, mode="750",
     )  # fmt: skip
 
     # 2. Miniconda from the sha256-verified installer; ToS per policy.
@@ -316,7 +319,10 @@ def verl_checkout_moves(spec: StackSpec) -> bool:
     """The verl checkout is not at the pinned commit yet (so patch + install must re-run)."""
     from facts.python_env import GitCheckout
 
-    return host.get_fact(GitCheckout, path=spec.env.verl_checkout).head != spec.verl.commit
+    return (
+        host.get_fact(GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head
+        != spec.verl.commit
+    )
 
 
 # Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.

@@ -1,8 +1,9 @@
 """Facts about the training user's Python layer: Miniconda, the conda env, its packages, git.
 
 Every command exits 0 whatever it finds (missing prefix, broken interpreter, no git repo) and
-encodes the state in its output, so gathering these facts never fails a host. They run with the
-operation's global arguments (e.g. ``_su_user``), so they see what the training user sees.
+encodes the state in its output, so gathering these facts never fails a host. Each runs as the
+training user ``user`` (``p40fleet.privdrop``, clean environment), never as root: the env, conda
+and the checkout are that user's to change. While ``user`` does not exist the answer is "missing".
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
+
+from p40fleet.privdrop import as_user_script
 
 __all__ = [
     "CONDA_BROKEN",
@@ -51,6 +54,10 @@ ENV_BROKEN = "broken"  # env dir exists but its python does not run
 ENV_OK = "ok"  # python runs; compare ``version`` with the pin
 
 _MARK = "##p40fleet"
+#: Bytes of a marker file a fact reads (markers hold a key or a sum: a few dozen bytes).
+MARKER_LIMIT = 4096
+#: Lines of ``git status`` a fact keeps (the names it reports are for a message).
+STATUS_LINES = 200
 
 
 def env_dir(prefix: str, name: str) -> str:
@@ -66,6 +73,15 @@ def env_python(prefix: str, name: str) -> str:
 def normalize_name(name: str) -> str:
     """PEP 503 normal form of a distribution name (``Torch_Audio`` -> ``torch-audio``)."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _as(user: str, command: StringCommand, missing: str = "true") -> str:
+    """``command`` run as the training user (``missing``: shell run while it does not exist)."""
+    return as_user_script(user, command.get_raw_value(), missing)
+
+
+#: Answer of a fact while the training user does not exist yet.
+_MISSING = f"echo '{_MARK} missing'"
 
 
 def _marked(output: list[str]) -> list[str]:
@@ -95,9 +111,9 @@ class CondaInstall(FactBase[CondaState]):
         return CondaState(CONDA_MISSING)
 
     @override
-    def command(self, prefix: str) -> StringCommand:
+    def command(self, prefix: str, user: str) -> str:
         conda = QuoteString(f"{prefix.rstrip('/')}/bin/conda")
-        return StringCommand(
+        return _as(user, StringCommand(
             "if [ ! -e",
             QuoteString(prefix),
             f"]; then echo '{_MARK} missing';",
@@ -106,7 +122,7 @@ class CondaInstall(FactBase[CondaState]):
             "--version 2>&1); then",
             f'echo "{_MARK} healthy $out";',
             f"else echo '{_MARK} broken'; fi; true",
-        )
+        ), _MISSING)  # fmt: skip
 
     @override
     def process(self, output: list[str]) -> CondaState:
@@ -148,9 +164,9 @@ class CondaTos(FactBase[CondaTosState]):
         return CondaTosState(TOS_NO_CONDA)
 
     @override
-    def command(self, prefix: str) -> StringCommand:
+    def command(self, prefix: str, user: str) -> str:
         conda = QuoteString(f"{prefix.rstrip('/')}/bin/conda")
-        return StringCommand(
+        return _as(user, StringCommand(
             "if [ ! -x",
             conda,
             f"]; then echo '{_MARK} {TOS_NO_CONDA}';",
@@ -158,7 +174,7 @@ class CondaTos(FactBase[CondaTosState]):
             conda,
             f"tos --help 2>&1); then echo '{_MARK} {TOS_PLUGIN}';",
             f'else echo "{_MARK} rc=$?"; printf "%s\\n" "$out" | tail -n 3; fi; true',
-        )
+        ), f"echo '{_MARK} {TOS_NO_CONDA}'")  # fmt: skip
 
     @override
     def process(self, output: list[str]) -> CondaTosState:
@@ -193,10 +209,10 @@ class EnvPython(FactBase[EnvPythonState]):
         return EnvPythonState(ENV_MISSING)
 
     @override
-    def command(self, prefix: str, env_name: str) -> StringCommand:
+    def command(self, prefix: str, env_name: str, user: str) -> str:
         name = env_name
         probe = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
-        return StringCommand(
+        return _as(user, StringCommand(
             "if [ ! -d",
             QuoteString(env_dir(prefix, name)),
             f"]; then echo '{_MARK} missing';",
@@ -207,7 +223,7 @@ class EnvPython(FactBase[EnvPythonState]):
             "2>&1); then",
             f'echo "{_MARK} ok $out";',
             f'else echo "{_MARK} broken"; printf "%s\\n" "$out" | tail -n 3; fi; true',
-        )
+        ), _MISSING)  # fmt: skip
 
     @override
     def process(self, output: list[str]) -> EnvPythonState:
@@ -263,8 +279,8 @@ class EnvDistributions(FactBase[dict[str, Dist]]):
     default = dict
 
     @override
-    def command(self, python: str) -> StringCommand:
-        return StringCommand(
+    def command(self, python: str, user: str) -> str:
+        return _as(user, StringCommand(
             "if [ -x",
             QuoteString(python),
             "]; then",
@@ -272,7 +288,7 @@ class EnvDistributions(FactBase[dict[str, Dist]]):
             "-c",
             QuoteString(_DISTS_PROBE),
             "2>/dev/null; fi; true",
-        )
+        ))  # fmt: skip
 
     @override
     def process(self, output: list[str]) -> dict[str, Dist]:
@@ -293,18 +309,17 @@ class EnvDistributions(FactBase[dict[str, Dist]]):
 
 class MarkerText(FactBase[str | None]):
     """
-    Returns the stripped text of a small marker file, or ``None`` when it does not exist.
+    Returns the stripped text of a small marker file (its first ``MARKER_LIMIT`` bytes), or
+    ``None`` when it is not a regular file (missing, a symlink, a device, a FIFO).
     """
 
     @override
-    def command(self, path: str) -> StringCommand:
-        return StringCommand(
-            "if [ -f",
-            QuoteString(path),
-            f"]; then echo '{_MARK} file'; cat",
-            QuoteString(path),
-            "; fi; true",
-        )
+    def command(self, path: str, user: str) -> str:
+        q = QuoteString(path)
+        return _as(user, StringCommand(
+            "if [ -f", q, "] && [ ! -L", q,
+            f"]; then echo '{_MARK} file'; head -c {MARKER_LIMIT}", q, "; fi; true",
+        ))  # fmt: skip
 
     @override
     def process(self, output: list[str]) -> str | None:
@@ -336,11 +351,12 @@ class GitCheckout(FactBase[GitState]):
         return GitState(exists=False)
 
     @override
-    def command(self, path: str) -> StringCommand:
+    def command(self, path: str, user: str) -> str:
         q = QuoteString(path)
-        # safe.directory: the fact may run as root on a checkout the training user owns.
-        git = StringCommand("git -c", QuoteString(f"safe.directory={path}"), "-C", q)
-        return StringCommand(
+        # As the training user, the checkout's owner: no safe.directory override, so git never
+        # honours a repo config of someone else's (core.fsmonitor runs a command).
+        git = StringCommand("git -C", q)
+        return _as(user, StringCommand(
             "if [ ! -e",
             q,
             f"]; then echo '{_MARK} missing';",
@@ -352,9 +368,9 @@ class GitCheckout(FactBase[GitState]):
             git,
             'config --get remote.origin.url)";',
             git,
-            "status --porcelain --untracked-files=no 2>/dev/null;",
+            f"status --porcelain --untracked-files=no 2>/dev/null | head -n {STATUS_LINES};",
             f"else echo '{_MARK} not-a-repo'; fi; true",
-        )
+        ), _MISSING)  # fmt: skip
 
     @override
     def process(self, output: list[str]) -> GitState:
@@ -387,8 +403,8 @@ class VerlPatchCheck(MarkerText):
     """
 
     @override
-    def command(self, python: str, script: str, rules: str, checkout: str) -> StringCommand:
-        return StringCommand(
+    def command(self, python: str, script: str, rules: str, checkout: str, user: str) -> str:
+        return _as(user, StringCommand(
             "if [ -x",
             QuoteString(python),
             "] && [ -f",
@@ -405,4 +421,4 @@ class VerlPatchCheck(MarkerText):
             "--checkout",
             QuoteString(checkout),
             "--check >/dev/null 2>&1; echo $?; fi; true",
-        )
+        ))  # fmt: skip

@@ -12,6 +12,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from facts.verify import SIMULATED_HOST_TEST
+from p40fleet.privdrop import AS_USER_FN
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
 
 __all__ = ["HasSystemd", "RayStatus", "STATUS_TIMEOUT_S"]
@@ -41,15 +42,21 @@ class RayStatus(FactBase[RayProbe]):
     + ray: the env's ``ray`` CLI
     + address: the head's GCS, ``HOST:PORT``
     + temp_dir: Ray's temp dir (the newest ``session_latest/logs/raylet*.out`` names this node)
+    + user: the training user, who runs ``ray status`` (the CLI is in its env: never root)
     """
 
     default = RayProbe
 
     @override
-    def command(self, ray: str, address: str, temp_dir: str) -> str:
+    def command(self, ray: str, address: str, temp_dir: str, user: str) -> str:
         unit, path = shlex.quote(UNIT_NAME), shlex.quote(UNIT_PATH)
+        u, cli = shlex.quote(user), shlex.quote(ray)
+        status = (
+            f"if [ -x {cli} ]; then timeout {STATUS_TIMEOUT_S} {cli} status "
+            f'--address {shlex.quote(address)} -v 2>&1; echo "@@rc=$?"; '
+            f"else echo {shlex.quote(f'ray CLI {ray} is missing')}; echo '@@rc=127'; fi"
+        )
         logs = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs")
-        cli = shlex.quote(ray)
         return "\n".join(
             [
                 f"if [ -f {path} ]; then echo unit=yes; else echo unit=no; fi",
@@ -65,10 +72,12 @@ class RayStatus(FactBase[RayProbe]):
                 '\'s/.*Setting node ID node_id=\\([0-9a-f]*\\).*/\\1/p\' "$log" | tail -n 1)"',
                 "echo @@ray-status",
                 f"if [ ! -f {path} ]; then echo 'not a member: no unit'; echo '@@rc=0'",
-                f"elif [ -x {cli} ]; then",
-                f"  timeout {STATUS_TIMEOUT_S} {cli} status --address {shlex.quote(address)} -v "
-                '2>&1; echo "@@rc=$?"',
-                f"else echo 'ray CLI {ray} is missing'; echo '@@rc=127'; fi",
+                f"elif ! id -u {u} >/dev/null 2>&1; then",
+                f"  echo {shlex.quote(f'training user {user} is missing')}; echo '@@rc=127'",
+                "else",
+                AS_USER_FN,
+                f"  p40fleet_as {u} sh -c {shlex.quote(status)}",
+                "fi",
             ]
         )
 

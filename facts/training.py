@@ -1,6 +1,8 @@
 """Facts about a host's training inputs: a staged model or data directory, the model's config.
 
-Both are read-only and never fail the host: a missing directory or file is an answer.
+Both are read-only and never fail the host: a missing directory or file is an answer. They read
+the training user's files as that user (``p40fleet.privdrop``), a bounded number of bytes, and
+never through a symlink.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.privdrop import as_user_script
 from p40fleet.training import MARKER
 
-__all__ = ["ModelConfig", "StagedDir", "StagedDirState"]
+__all__ = ["CONFIG_LIMIT", "ModelConfig", "StagedDir", "StagedDirState"]
+
+#: Bytes of a model's config.json a fact reads (a transformers config is a few KB).
+CONFIG_LIMIT = 65536
 
 
 @dataclass(frozen=True)
@@ -39,15 +45,16 @@ class StagedDir(FactBase[StagedDirState]):
         return StagedDirState()
 
     @override
-    def command(self, path: str) -> str:
+    def command(self, path: str, user: str) -> str:
         d = shlex.quote(path.rstrip("/") or "/")
-        m = shlex.quote(MARKER)
-        return (
+        m = f"{d}/{shlex.quote(MARKER)}"
+        script = (
             f"if [ -d {d} ]; then echo exists=yes; "
-            f'if [ -f {d}/{m} ]; then echo "marker=$(head -n 1 {d}/{m})"; fi; '
-            f'for f in {d}/* {d}/.[!.]*; do [ -f "$f" ] && [ -s "$f" ] && echo "file=${{f##*/}}"; '
-            "done; else echo exists=no; fi; true"
+            f'if [ -f {m} ] && [ ! -L {m} ]; then echo "marker=$(head -c 4096 {m} | head -n 1)"; '
+            f'fi; for f in {d}/* {d}/.[!.]*; do [ -f "$f" ] && [ -s "$f" ] && '
+            'echo "file=${f##*/}"; done | head -n 1000; else echo exists=no; fi; true'
         )
+        return as_user_script(user, script, "echo exists=no")
 
     @override
     def process(self, output: list[str]) -> StagedDirState:
@@ -75,9 +82,10 @@ class ModelConfig(FactBase["dict | None"]):
         return None
 
     @override
-    def command(self, path: str) -> str:
+    def command(self, path: str, user: str) -> str:
         f = shlex.quote(f"{path.rstrip('/')}/config.json")
-        return f"if [ -f {f} ]; then cat {f}; fi; true"
+        script = f"if [ -f {f} ] && [ ! -L {f} ]; then head -c {CONFIG_LIMIT} {f}; fi; true"
+        return as_user_script(user, script)
 
     @override
     def process(self, output: list[str]) -> dict | None:

@@ -20,6 +20,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from p40fleet.checks import ProbeAnswers, parse_probe
+from p40fleet.privdrop import AS_USER_FN
 
 __all__ = [
     "PROBE_TEMPLATE",
@@ -61,10 +62,16 @@ def render_probe(
     model_path: str,
     train_file: str,
     val_file: str,
+    user: str,
     overrides: Sequence[str] = (),
 ) -> str:
-    """The probe script for these paths and the host's launch overrides (a POSIX sh script)."""
+    """The probe script for these paths and the host's launch overrides (a POSIX sh script);
+    what lies under the home is read and run as the training user ``user``."""
+    if not user:
+        raise ValueError("no training user given: the probe never runs its files as root")
     return _template().render(
+        user=user,
+        as_user_fn=AS_USER_FN,
         cuda_dir=cuda_dir.rstrip("/") or "/",
         cudnn_tree=cudnn_tree.rstrip("/") or "/",
         python=python,
@@ -108,9 +115,11 @@ class VerifyProbe(FactBase[ProbeAnswers]):
         model_path: str,
         train_file: str,
         val_file: str,
+        user: str,
         overrides: Sequence[str] = (),
     ) -> str:
         return render_probe(
+            user=user,
             cuda_dir=cuda_dir,
             cudnn_tree=cudnn_tree,
             python=python,

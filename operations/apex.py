@@ -48,7 +48,7 @@ from facts.python_env import EnvDistributions, MarkerText
 from operations.preflight import refuse
 from operations.progress import Stopwatch
 from operations.torch import pip_command
-from operations.training_user import as_user
+from operations.training_user import as_user, mkdir_as
 from p40fleet import controller
 from p40fleet.spec import StackSpec
 
@@ -429,6 +429,7 @@ def put_wheel(
 
     # Checked when the upload runs, whether or not the copy looked right while planning.
     yield FunctionCommand(_refuse, (), {})
+    yield from mkdir_as(user, remote_tar.rsplit("/", 1)[0])  # S12: as the user, not root
     yield from files.put._inner(
         src=local_tar,
         dest=remote_tar,
@@ -436,6 +437,7 @@ def put_wheel(
         group=user,
         mode="644",
         add_deploy_dir=False,
+        create_remote_dir=False,
         assume_exists=True,
     )
 
@@ -487,8 +489,8 @@ def install(
     """
     key_file = f"{env_dir.rstrip('/')}/{KEY_FILE}"
     if not fresh_env and not force:
-        recorded = host.get_fact(MarkerText, path=key_file)
-        installed = "apex" in host.get_fact(EnvDistributions, python=python)
+        recorded = host.get_fact(MarkerText, path=key_file, user=user)
+        installed = "apex" in host.get_fact(EnvDistributions, python=python, user=user)
         if recorded == key and installed:
             host.noop(f"apex already installed at build key {key}")
             return

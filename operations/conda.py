@@ -67,7 +67,7 @@ def miniconda(installer: str, prefix: str, force: bool = False, user: str | None
     + force: reinstall in place (``-u``) even when conda runs
     + user: run the commands as this user (``su``); None = as connected
     """
-    state = host.get_fact(CondaInstall, prefix=prefix)
+    state = host.get_fact(CondaInstall, prefix=prefix, user=user)
     if state.healthy and not force:
         host.noop(f"conda {state.version or ''} at {prefix} runs".replace("  ", " "))
         return
@@ -98,8 +98,8 @@ def conda_tos(prefix: str, policy: str = "conda-forge", user: str | None = None)
         host.noop(f"conda ToS policy {policy}: env is created from conda-forge")
         return
     conda = _conda(prefix)
-    installed = host.get_fact(CondaInstall, prefix=prefix)
-    tos = host.get_fact(CondaTos, prefix=prefix)
+    installed = host.get_fact(CondaInstall, prefix=prefix, user=user)
+    tos = host.get_fact(CondaTos, prefix=prefix, user=user)
     marker = f"{prefix.rstrip('/')}/{TOS_MARKER}"
     accept = [
         StringCommand(
@@ -134,7 +134,7 @@ def conda_tos(prefix: str, policy: str = "conda-forge", user: str | None = None)
         # conda runs but `conda tos --help` failed oddly: accepting shows conda's own error
         host.log(f"conda at {prefix}: {tos.detail}")
     else:
-        recorded = set((host.get_fact(MarkerText, path=marker) or "").split())
+        recorded = set((host.get_fact(MarkerText, path=marker, user=user) or "").split())
         if all(c in recorded for c in TOS_CHANNELS):
             host.noop("Anaconda ToS already accepted for pkgs/main and pkgs/r")
             return
@@ -142,13 +142,13 @@ def conda_tos(prefix: str, policy: str = "conda-forge", user: str | None = None)
         yield as_user(user, command)
 
 
-def env_rebuild_reason(prefix: str, name: str, python_version: str) -> str | None:
+def env_rebuild_reason(prefix: str, name: str, python_version: str, user: str | None) -> str | None:
     """Why the env must be (re)created, from the ``EnvPython`` fact; ``None`` when healthy.
 
     Later steps (torch, apex, verl) call this too: an env recreated in this run is empty, so
     their "already installed" facts gathered before it no longer hold.
     """
-    state = host.get_fact(EnvPython, prefix=prefix, env_name=name)
+    state = host.get_fact(EnvPython, prefix=prefix, env_name=name, user=user)
     if state.state == "missing":
         return f"env {name} does not exist"
     if state.state != ENV_OK:
@@ -181,11 +181,11 @@ def env(
     logged); a healthy env at the pinned version is kept.
     """
     name = env_name
-    reason = env_rebuild_reason(prefix, name, python_version)
+    reason = env_rebuild_reason(prefix, name, python_version, user)
     if reason is None and not force:
         host.noop(f"env {name} is healthy (python {python_version})")
         return
-    state = host.get_fact(EnvPython, prefix=prefix, env_name=name)
+    state = host.get_fact(EnvPython, prefix=prefix, env_name=name, user=user)
     conda = QuoteString(_conda(prefix))
     if state.state != "missing":
         host.log(f"recreating env {name}: {reason or 'forced by policy.force_reinstall'}")

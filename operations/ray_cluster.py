@@ -63,7 +63,7 @@ def verify_checks(spec: StackSpec) -> list[Check]:
     except RayError as exc:
         return [Check("ray", FAIL, exc.cause, exc.fix)]
     probe = host.get_fact(RayStatus, ray=ray_cli(spec), address=plan.address,
-                          temp_dir=spec.ray.temp_dir)  # fmt: skip
+                          temp_dir=spec.ray.temp_dir, user=spec.user.name)  # fmt: skip
     return ray_checks(
         probe,
         address=plan.address,

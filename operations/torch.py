@@ -64,7 +64,7 @@ def torch(
     """
     pins = {"torch": version, "torchvision": torchvision, "torchaudio": torchaudio}
     pins = {name: pin for name, pin in pins.items() if pin}
-    installed = {} if fresh_env else host.get_fact(EnvDistributions, python=python)
+    installed = {} if fresh_env else host.get_fact(EnvDistributions, python=python, user=user)
     wrong = {
         name: pin
         for name, pin in pins.items()

@@ -72,7 +72,9 @@ def needs_staging(spec: StackSpec, which: str, target: Any = None) -> bool:
     archive = getattr(spec.training, which).archive
     if archive is None:
         return False
-    state = (host if target is None else target).get_fact(StagedDir, path=staged_dir(spec, which))
+    state = (host if target is None else target).get_fact(
+        StagedDir, path=staged_dir(spec, which), user=spec.user.name
+    )
     return state.marker != archive.sha256.lower() or bool(missing(spec, which, state))
 
 
@@ -156,7 +158,7 @@ def stage(which: str, spec: StackSpec):
     inputs = getattr(spec.training, which)
     archive = inputs.archive
     dest = staged_dir(spec, which)
-    state = host.get_fact(StagedDir, path=dest)
+    state = host.get_fact(StagedDir, path=dest, user=spec.user.name)
     lacking = missing(spec, which, state)
     if archive is None:
         if lacking:
@@ -212,7 +214,9 @@ def host_plan(
     target = host if target is None else target
     gpus = list(target.get_fact(PciGpus))
     if model_config is False:
-        model_config = target.get_fact(ModelConfig, path=staged_dir(spec, "model"))
+        model_config = target.get_fact(
+            ModelConfig, path=staged_dir(spec, "model"), user=spec.user.name
+        )
     return plan_launch(
         spec,
         gpus,
@@ -247,7 +251,7 @@ def launch_script(
     + model_queued: an earlier operation of this run stages the model (see the module doc)
     """
     model_dir = staged_dir(spec, "model")
-    config = host.get_fact(ModelConfig, path=model_dir)
+    config = host.get_fact(ModelConfig, path=model_dir, user=spec.user.name)
     if config is None and model_queued:
         # Before staging ran (pyinfra's first pass): the body runs again once it has; should
         # config.json still be missing then, this command stops the host saying so.

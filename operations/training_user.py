@@ -11,11 +11,16 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
-from pyinfra.operations import server
+from pyinfra.operations import files, server
 
 from operations.preflight import refuse
 
-__all__ = ["as_user", "training_user"]
+__all__ = ["HOME_MODE", "SYSTEM_UID_MAX", "as_user", "mkdir_as", "training_user"]
+
+#: The home's mode: the training data, models and checkpoints in it are not world-readable.
+HOME_MODE = "750"
+#: uids below 1000 are system accounts (Debian/Ubuntu's UID_MIN): never re-numbered for us.
+SYSTEM_UID_MAX = 999
 
 
 @operation()
@@ -29,11 +34,20 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
     + shell: login shell
 
     Refuses the host (changes nothing) when the user exists with another uid, or the uid belongs
-    to another user: fixing either means re-owning files, which is the admin's decision.
+    to another user: fixing either means re-owning files, which is the admin's decision. A system
+    account (uid < 1000) is never suggested for re-numbering. The home is kept at mode 0750.
     """
     name = user
     users = host.get_fact(Users)
     existing = users.get(name)
+    if existing is not None and existing["uid"] != uid and existing["uid"] <= SYSTEM_UID_MAX:
+        yield from refuse._inner(
+            step="training user",
+            reason=f"user {name} is a system account (uid {existing['uid']}): it cannot be the "
+            "training user",
+            remedy="pick another stack.user.name (a user of its own, e.g. verl)",
+        )
+        return
     if existing is not None and existing["uid"] != uid:
         yield from refuse._inner(
             step="training user",
@@ -67,6 +81,8 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
         create_home=not home_exists,
         ensure_home=True,
     )
+    # S20: useradd's default mode may let every local account read the data and checkpoints
+    yield from files.directory._inner(path=home, user=name, group=name, mode=HOME_MODE)
 
 
 def as_user(user: str | None, command: StringCommand) -> StringCommand:
@@ -78,6 +94,14 @@ def as_user(user: str | None, command: StringCommand) -> StringCommand:
     if not user:
         return command
     return StringCommand("su -s /bin/sh", QuoteString(user), "-c", QuoteString(command))
+
+
+def mkdir_as(user: str, path: str):
+    """Yield ``mkdir -p path`` as ``user`` when ``path`` is not a directory yet: an upload into
+    the user's home then leaves no root-owned parent (``files.put`` would create the parents as
+    root and chown only the last)."""
+    if not host.get_fact(Directory, path=path):
+        yield as_user(user, StringCommand("mkdir -p", QuoteString(path)))
 
 
 def queued_hosts(state) -> set[str]:

@@ -49,6 +49,7 @@ def probe_arguments(spec: StackSpec, target: TrainingTarget) -> dict[str, Any]:
         "verl_checkout": env.verl_checkout,
         "verl_ref": spec.verl.ref,
         "patch_record": f"{env.verl_checkout.rstrip('/')}/{RECORD_NAME}",
+        "user": spec.user.name,
     }
 
 

@@ -18,7 +18,7 @@ from pyinfra.operations import files
 from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
 from operations.preflight import refuse
 from operations.torch import pip_command, same_version
-from operations.training_user import as_user
+from operations.training_user import as_user, mkdir_as
 
 __all__ = [
     "PATCH_EXIT",
@@ -36,15 +36,28 @@ REQUIREMENTS_MARKER = ".p40fleet-verl-requirements.sha256"
 #: The applier's record in the checkout: files it patched, with their post-patch sha256.
 PATCH_RECORD = ".p40fleet-patches.json"
 
-# Run on the host before moving the checkout to another commit: every modified tracked file must
-# be one the patch applier recorded, still at its recorded sha256 (our own patch); anything else
-# is a local edit and stops the host, naming the files.
+# Run on the host (as the training user) before moving the checkout to commit argv[2]: every
+# modified tracked file must be one the patch applier recorded, still at its recorded sha256 (our
+# own patch), and no untracked file may sit where that commit has a file; anything else is the
+# user's and stops the host, naming the files. Then only our recorded patches are restored, so
+# the checkout that follows needs no -f (git itself refuses to overwrite an untracked file).
 _ONLY_OUR_PATCHES = r"""
 import hashlib, json, os, subprocess, sys
-co = sys.argv[1]
-out = subprocess.run(["git", "-C", co, "status", "--porcelain", "--untracked-files=no"],
-                     check=True, capture_output=True, text=True).stdout
-changed = [line[3:].split(" -> ")[-1] for line in out.splitlines() if line.strip()]
+co, target = sys.argv[1], sys.argv[2]
+def git(*args):
+    return subprocess.run(["git", "-C", co, *args], check=True, capture_output=True,
+                          text=True).stdout
+entries = iter(git("status", "--porcelain", "-z", "--untracked-files=all").split("\0"))
+changed, untracked = [], set()
+for entry in entries:
+    if not entry:
+        continue
+    if entry[:2] == "??":
+        untracked.add(entry[3:])
+        continue
+    changed.append(entry[3:])
+    if entry[0] in "RC":
+        next(entries, None)  # the rename's source path
 try:
     recorded = json.load(open(os.path.join(co, ".p40fleet-patches.json"))).get("files", {})
 except (OSError, ValueError):
@@ -55,10 +68,17 @@ def sha(p):
     except OSError:
         return None
 edits = [p for p in changed if p not in recorded or recorded[p] != sha(p)]
+in_the_way = sorted(untracked & set(git("ls-tree", "-r", "-z", "--name-only", target).split("\0")))
 if edits:
     print("verl checkout %s has local edits in: %s; commit or save them elsewhere, then "
           "'git -C %s checkout -- <files>' and re-run" % (co, ", ".join(edits), co))
     sys.exit(3)
+if in_the_way:
+    print("verl checkout %s: untracked file(s) of yours where %s has files: %s; move them "
+          "elsewhere and re-run (they are never overwritten)" % (co, target, ", ".join(in_the_way)))
+    sys.exit(3)
+if changed:
+    git("checkout", "--", *changed)
 """.strip()
 
 
@@ -74,7 +94,8 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     + user: run the commands as this user (``su``); None = as connected
 
     At another commit: fetch, then check out the new ref, dropping only our own recorded
-    patches; local edits stop the host with their file names, never clobbered.
+    patches; local edits and untracked files in the new commit's way stop the host with their
+    file names, never clobbered (and the checkout runs without -f).
     """
     if ref.startswith("-"):  # an option to git; `git checkout` has no --end-of-options (2.39)
         yield from refuse._inner(
@@ -83,7 +104,7 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
             remedy="set stack.verl.ref to the tag or branch name, e.g. v0.5.0",
         )
         return
-    state = host.get_fact(GitCheckout, path=path)
+    state = host.get_fact(GitCheckout, path=path, user=user)
     q_path = QuoteString(path)
     if state.exists and not state.is_repo:
         yield from refuse._inner(
@@ -109,16 +130,29 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
                 user, StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
             )
         yield as_user(user, StringCommand("git -C", q_path, "fetch --quiet --tags --force origin"))
-        if state.modified:
-            yield as_user(user, StringCommand("python3 -c", QuoteString(_ONLY_OUR_PATCHES), q_path))
-    # -f only drops changes the guard above proved to be our recorded patches.
+        yield as_user(
+            user,
+            StringCommand(
+                "python3 -c",
+                QuoteString(_ONLY_OUR_PATCHES),
+                q_path,
+                QuoteString(f"{ref}^{{commit}}"),
+            ),
+        )
+    # No -f: the guard restored our own patches; anything else in the way makes git refuse.
     yield as_user(
         user,
         StringCommand(
             "git -C",
             q_path,
-            "-c advice.detachedHead=false checkout --quiet -f",
+            "-c advice.detachedHead=false checkout --quiet",
             QuoteString(f"{ref}^{{commit}}"),
+            "|| { echo",
+            QuoteString(
+                f"verl checkout {path}: git refused to move to {ref} (files of yours in the "
+                "way, named above); move them elsewhere and re-run"
+            ),
+            ">&2; exit 1; }",
         ),
     )
     yield as_user(
@@ -164,12 +198,16 @@ def patch(
     digest = hashlib.sha256(rules_json.encode()).hexdigest()[:16]
     script = posixpath.join(work_dir, "verl_patch.py")
     rules = posixpath.join(work_dir, f"rules-{digest}.json")
+    yield from mkdir_as(user, work_dir)  # as the user: no root-owned directory in its home
     yield from files.put._inner(
-        src=script_src, dest=script, user=user, group=user, mode="755", add_deploy_dir=False
+        src=script_src, dest=script, user=user, group=user, mode="755", add_deploy_dir=False,
+        create_remote_dir=False,
+    )  # fmt: skip
+    yield from files.put._inner(
+        src=StringIO(rules_json), dest=rules, user=user, group=user, create_remote_dir=False
     )
-    yield from files.put._inner(src=StringIO(rules_json), dest=rules, user=user, group=user)
     check = host.get_fact(
-        VerlPatchCheck, python=python, script=script, rules=rules, checkout=checkout
+        VerlPatchCheck, python=python, script=script, rules=rules, checkout=checkout, user=user
     )
     if check == str(PATCH_EXIT["no-change"]) and not checkout_changes:
         host.noop("verl patch rules already applied")
@@ -217,9 +255,13 @@ def requirements(
     """
     with open(src, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
-    yield from files.put._inner(src=src, dest=dest, add_deploy_dir=False)
+    if user:  # as the user: no root-owned directory (or file) in its home
+        yield from mkdir_as(user, posixpath.dirname(dest))
+    yield from files.put._inner(
+        src=src, dest=dest, user=user, group=user, add_deploy_dir=False, create_remote_dir=not user
+    )
     marker = f"{env_dir.rstrip('/')}/{REQUIREMENTS_MARKER}"
-    if not fresh_env and host.get_fact(MarkerText, path=marker) == digest:
+    if not fresh_env and host.get_fact(MarkerText, path=marker, user=user) == digest:
         host.noop(f"verl requirements {posixpath.basename(src)} already installed")
         return
     yield as_user(
@@ -260,7 +302,7 @@ def install(
     + force: reinstall anyway
     + user: run the commands as this user (``su``); None = as connected
     """
-    dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python)
+    dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python, user=user)
     verl = dists.get("verl")
     here = verl is not None and (verl.editable or "").rstrip("/") == checkout.rstrip("/")
     if here and same_version(verl.version, version) and not (checkout_changes or force):

@@ -7,6 +7,7 @@ it with ``sh`` against a fake CUDA/cuDNN tree and a fake conda env in tmp.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -619,6 +620,8 @@ def _fake_host(tmp: Path) -> dict[str, str]:
         "train_file": str(tmp / "data" / "train.parquet"),
         "val_file": str(tmp / "data" / "test.parquet"),
         "overrides": (),
+        # the test's own user: the probe's privilege drop runs without runuser then
+        "user": getpass.getuser(),
     }
 
 

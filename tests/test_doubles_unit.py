@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
 import re
@@ -427,7 +428,7 @@ def test_conda_tos_fact_tells_the_doubles_apart(minicondas, tmp_path):
     prefixes, _ = minicondas
 
     def fact(prefix: Path):
-        command = str(CondaTos().command(prefix=str(prefix)))
+        command = str(CondaTos().command(prefix=str(prefix), user=getpass.getuser()))
         r = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True)
         assert r.returncode == 0
         return CondaTos().process(r.stdout.splitlines())

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
+import hashlib
+import json
 import os
 import subprocess
 from types import SimpleNamespace
@@ -557,7 +560,7 @@ def test_verl_checkout_at_ref_is_noop():
 def test_verl_fresh_clone_and_verify():
     result = _checkout(GitState(False))
     assert result.commands[0] == f"git clone --quiet {REMOTE} /home/verl/verl"
-    assert "checkout --quiet -f 'v0.5.0^{commit}'" in result.commands[1]
+    assert "checkout --quiet 'v0.5.0^{commit}' ||" in result.commands[1]  # never -f (S15)
     assert COMMIT in result.commands[2]
 
 
@@ -569,7 +572,79 @@ def test_verl_ref_change_guards_local_edits():
         result.commands[1].startswith("python3 -c")
         and ".p40fleet-patches.json" in result.commands[1]
     )
-    assert "checkout --quiet -f" in result.commands[2]
+    assert "checkout --quiet 'v0.5.0^{commit}'" in result.commands[2]
+    assert " -f" not in result.commands[2]
+
+
+def _git_pin_move(tmp_path, plant):
+    """A clone at v1 of an upstream whose v2 adds notes.md and changes code.py; ``plant(co)``
+    changes the clone; then the operation's commands moving it to v2 run for real (sh)."""
+    src, up, co = tmp_path / "src", tmp_path / "up.git", tmp_path / "home" / "verl"
+
+    def git(*args, cwd=src):
+        return subprocess.run(
+            ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+        ).stdout.strip()
+
+    commit = ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q"]
+    git("init", "-q", str(src), cwd=tmp_path)
+    (src / "code.py").write_text("v1\n")
+    git("add", "code.py")
+    git(*commit, "-m", "v1")
+    git("tag", "v1")
+    (src / "notes.md").write_text("upstream\n")
+    (src / "code.py").write_text("v2\n")
+    git("add", "notes.md", "code.py")
+    git(*commit, "-m", "v2")
+    git("tag", "v2")
+    new = git("rev-parse", "HEAD")
+    git("clone", "-q", "--bare", str(src), str(up), cwd=tmp_path)
+    git("clone", "-q", str(up), str(co), cwd=tmp_path)
+    git("checkout", "-q", "v1", cwd=co)
+    plant(co)
+    fact = GitCheckout()
+    out = subprocess.run(
+        ["sh", "-c", fact.command(path=str(co), user=getpass.getuser())],
+        capture_output=True,
+        text=True,
+    ).stdout
+    result = run_op(
+        verl.checkout, path=str(co), remote=str(up), ref="v2", commit=new,
+        facts={GitCheckout: fact.process(out.splitlines())},
+    )  # fmt: skip
+    for command in result.commands:
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return co, proc
+    return co, None
+
+
+def test_verl_pin_move_never_overwrites_an_untracked_user_file(tmp_path):
+    """S15: an untracked file where the new pin adds one stops the host; the file survives."""
+    co, failed = _git_pin_move(tmp_path, lambda co: (co / "notes.md").write_text("MY NOTES\n"))
+    assert failed is not None and "notes.md" in failed.stdout + failed.stderr
+    assert (co / "notes.md").read_text() == "MY NOTES\n"
+
+
+def test_verl_pin_move_restores_only_our_recorded_patch(tmp_path):
+    """Our recorded patch is dropped for the move; an untracked file out of the way is kept."""
+
+    def plant(co):
+        (co / "code.py").write_text("v1 patched\n")
+        digest = hashlib.sha256(b"v1 patched\n").hexdigest()
+        (co / ".p40fleet-patches.json").write_text(json.dumps({"files": {"code.py": digest}}))
+        (co / "mine.txt").write_text("keep\n")
+
+    co, failed = _git_pin_move(tmp_path, plant)
+    assert failed is None
+    assert (co / "code.py").read_text() == "v2\n" and (co / "notes.md").read_text() == "upstream\n"
+    assert (co / "mine.txt").read_text() == "keep\n"
+
+
+def test_verl_pin_move_refuses_an_edit_it_did_not_record(tmp_path):
+    co, failed = _git_pin_move(tmp_path, lambda co: (co / "code.py").write_text("my edit\n"))
+    assert failed is not None and "local edits in: code.py" in failed.stdout
+    assert (co / "code.py").read_text() == "my edit\n"
 
 
 def _patch(check, tmp_path, moving=False):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -18,6 +20,9 @@ from facts.python_env import (
     env_python,
     normalize_name,
 )
+
+#: The tests' own user: the facts' privilege drop runs without runuser then.
+ME = getpass.getuser()
 
 
 def _sh(command) -> tuple[int, list[str]]:
@@ -35,44 +40,44 @@ def test_conda_states_parse():
 
 
 def test_conda_fact_on_real_paths(tmp_path):
-    rc, out = _sh(CondaInstall().command(prefix=str(tmp_path / "none")))
+    rc, out = _sh(CondaInstall().command(user=ME, prefix=str(tmp_path / "none")))
     assert rc == 0 and CondaInstall().process(out).state == "missing"
     (tmp_path / "p").mkdir()
-    rc, out = _sh(CondaInstall().command(prefix=str(tmp_path / "p")))
+    rc, out = _sh(CondaInstall().command(user=ME, prefix=str(tmp_path / "p")))
     assert rc == 0 and CondaInstall().process(out).state == "broken"
     conda = tmp_path / "p" / "bin" / "conda"
     conda.parent.mkdir()
     conda.write_text("#!/bin/sh\necho conda 24.11.1\n")
     conda.chmod(0o755)
-    rc, out = _sh(CondaInstall().command(prefix=str(tmp_path / "p")))
+    rc, out = _sh(CondaInstall().command(user=ME, prefix=str(tmp_path / "p")))
     assert CondaInstall().process(out) == CondaState("healthy", "24.11.1")
 
 
 def test_env_python_missing_broken_ok(tmp_path):
     prefix = str(tmp_path)
     fact = EnvPython()
-    rc, out = _sh(fact.command(prefix=prefix, env_name="e"))
+    rc, out = _sh(fact.command(user=ME, prefix=prefix, env_name="e"))
     assert rc == 0 and fact.process(out).state == "missing"
     bindir = tmp_path / "envs" / "e" / "bin"
     bindir.mkdir(parents=True)
-    rc, out = _sh(fact.command(prefix=prefix, env_name="e"))  # python deleted
+    rc, out = _sh(fact.command(user=ME, prefix=prefix, env_name="e"))  # python deleted
     state = fact.process(out)
     assert rc == 0 and state.state == "broken" and state.detail
     (bindir / "python").symlink_to(subprocess.check_output(["which", "python3"], text=True).strip())
-    rc, out = _sh(fact.command(prefix=prefix, env_name="e"))
+    rc, out = _sh(fact.command(user=ME, prefix=prefix, env_name="e"))
     state = fact.process(out)
     assert state.state == "ok" and state.version.count(".") == 2
 
 
 def test_env_distributions_real_interpreter():
-    python = subprocess.check_output(["which", "python3"], text=True).strip()
-    rc, out = _sh(EnvDistributions().command(python=python))
+    python = sys.executable  # a real interpreter (a pyenv shim needs its environment)
+    rc, out = _sh(EnvDistributions().command(user=ME, python=python))
     dists = EnvDistributions().process(out)
     assert rc == 0 and "pyinfra" in dists and dists["pyinfra"].version
 
 
 def test_env_distributions_missing_python_and_editable():
-    rc, out = _sh(EnvDistributions().command(python="/nonexistent/python"))
+    rc, out = _sh(EnvDistributions().command(user=ME, python="/nonexistent/python"))
     assert rc == 0 and EnvDistributions().process(out) == {}
     line = json.dumps({"Verl": ["0.5.0", "/home/verl/verl"], "torch": ["2.6.0+cu118", None]})
     dists = EnvDistributions().process([line])
@@ -82,18 +87,18 @@ def test_env_distributions_missing_python_and_editable():
 
 def test_marker_text(tmp_path):
     fact = MarkerText()
-    rc, out = _sh(fact.command(path=str(tmp_path / "k")))
+    rc, out = _sh(fact.command(user=ME, path=str(tmp_path / "k")))
     assert rc == 0 and fact.process(out) is None
     (tmp_path / "k").write_text("abc\n")
-    rc, out = _sh(fact.command(path=str(tmp_path / "k")))
+    rc, out = _sh(fact.command(user=ME, path=str(tmp_path / "k")))
     assert fact.process(out) == "abc"
 
 
 def test_git_checkout(tmp_path):
     fact = GitCheckout()
-    rc, out = _sh(fact.command(path=str(tmp_path / "none")))
+    rc, out = _sh(fact.command(user=ME, path=str(tmp_path / "none")))
     assert rc == 0 and fact.process(out).exists is False
-    rc, out = _sh(fact.command(path=str(tmp_path)))
+    rc, out = _sh(fact.command(user=ME, path=str(tmp_path)))
     assert rc == 0 and fact.process(out).is_repo is False
     repo = tmp_path / "r"
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
@@ -103,7 +108,7 @@ def test_git_checkout(tmp_path):
     subprocess.run([*git, "commit", "-qm", "c"], check=True)
     subprocess.run([*git, "remote", "add", "origin", "http://m/git/verl.git"], check=True)
     (repo / "a.py").write_text("y\n")
-    rc, out = _sh(fact.command(path=str(repo)))
+    rc, out = _sh(fact.command(user=ME, path=str(repo)))
     state = fact.process(out)
     assert state.is_repo and len(state.head) == 40
     assert state.origin == "http://m/git/verl.git" and state.modified == ("a.py",)
@@ -118,7 +123,9 @@ def test_verl_patch_check_exit_code(tmp_path, present):
         rules.write_text("{}")
     fact = VerlPatchCheck()
     rc, out = _sh(
-        fact.command(python=python, script=str(script), rules=str(rules), checkout=str(tmp_path))
+        fact.command(
+            user=ME, python=python, script=str(script), rules=str(rules), checkout=str(tmp_path)
+        )
     )
     assert rc == 0 and fact.process(out) == ("100" if present else None)
 

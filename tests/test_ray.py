@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 from pathlib import Path
@@ -23,6 +24,9 @@ from p40fleet.ray import (
 )
 from p40fleet.ray_checks import ray_checks
 from p40fleet.spec import SpecError, load_spec
+
+#: The tests' own user: the facts' privilege drop runs without runuser then.
+ME = getpass.getuser()
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ray"  # real Ray 2.48.0 output
 TWO_NODES = (FIXTURES / "status-v-2.48.0-2nodes-6gpu.txt").read_text().splitlines()
@@ -178,7 +182,7 @@ def test_ray_status_fact_command(tmp_path):
     unit = tmp_path / "unit"
     unit.touch()
     fact = RayStatus()
-    command = fact.command(ray=str(cli), address="10.231.0.11:6379", temp_dir=str(temp))
+    command = fact.command(user=ME, ray=str(cli), address="10.231.0.11:6379", temp_dir=str(temp))
     command = command.replace(UNIT_PATH, str(unit))
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     answers = fact.process(out.stdout.splitlines())
@@ -186,7 +190,7 @@ def test_ray_status_fact_command(tmp_path):
                                                        "10.231.0.11:6379", "-v"]  # fmt: skip
     assert answers.node_id == HEAD_ID and answers.status_rc == 0
     assert answers.status is not None and len(answers.status.active) == 2
-    missing = fact.command(ray=str(tmp_path / "none"), address="h:1", temp_dir=str(temp))
+    missing = fact.command(user=ME, ray=str(tmp_path / "none"), address="h:1", temp_dir=str(temp))
     out = subprocess.run(["sh", "-c", missing.replace(UNIT_PATH, str(unit))],
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert fact.process(out.stdout.splitlines()).status_rc == 127
@@ -209,7 +213,9 @@ def test_ray_status_names_the_node_of_the_newest_raylet_log(tmp_path):
     )
     os.utime(log / "raylet.out", (1, 1))
     fact = RayStatus()
-    command = fact.command(ray="/nowhere/ray", address="h:6379", temp_dir=str(tmp_path / "ray"))
+    command = fact.command(
+        user=ME, ray="/nowhere/ray", address="h:6379", temp_dir=str(tmp_path / "ray")
+    )
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     assert fact.process(out.stdout.splitlines()).node_id == rejoined
 

@@ -3,6 +3,7 @@ launch script planned from the model config read when the operation executes."""
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import subprocess
 
@@ -17,6 +18,9 @@ from p40fleet.spec import load_spec
 from p40fleet.training import MARKER
 from p40lab import training_data
 from tests.opharness import at, run_op
+
+#: The tests' own user: the facts' privilege drop runs without runuser then.
+ME = getpass.getuser()
 
 ARCHIVES = training_data.archives()
 MODEL_SUM = hashlib.sha256(ARCHIVES[training_data.MODEL_ARCHIVE]).hexdigest()
@@ -126,14 +130,16 @@ def test_unpack_script_for_real_then_the_fact_says_staged(tmp_path, which):
     (dest / "stale.txt").write_text("old")
     proc = sh(script)
     assert proc.returncode == 0, proc.stderr
-    state = StagedDir().process(sh(StagedDir().command(path=str(dest))).stdout.splitlines())
+    state = StagedDir().process(
+        sh(StagedDir().command(user=ME, path=str(dest))).stdout.splitlines()
+    )
     sha = MODEL_SUM if which == "model" else DATA_SUM
     assert state.marker == sha and "stale.txt" not in state.files
     assert not training.missing(SPEC, which, state), state
     assert sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(".")) == []
     if which == "model":
         config = ModelConfig().process(
-            sh(ModelConfig().command(path=str(dest))).stdout.splitlines()
+            sh(ModelConfig().command(user=ME, path=str(dest))).stdout.splitlines()
         )
         assert config["model_type"] == "qwen2" and config["vocab_size"] == 512
 
@@ -189,7 +195,7 @@ def launch(config, model_queued: bool, make_plan=None):
         make_plan=plan,
         user_queued=True,
         model_queued=model_queued,
-        facts={at(ModelConfig, path=MODEL_DIR): config},
+        facts={at(ModelConfig, path=MODEL_DIR, user="verl"): config},
         default_facts=True,  # the script file is not there yet
     )
     return r, seen

@@ -371,3 +371,53 @@ def test_local_edit_in_verl_checkout_is_reported_and_kept(fleet):
     finally:
         lab.ssh("lab1", f"cp /root/model.py.orig {edited}", check=True)
     assert_converged(full())
+
+
+def test_root_never_runs_the_training_users_env_or_git_config(fleet, tmp_path):
+    """S1: a .pth in lab1's env and a core.fsmonitor in its verl checkout (both the training
+    user's to write) each leave a marker named with the uid that ran them; after deploy/full.py
+    and ``python -m p40fleet.verify`` every marker is the training user's, none is root's."""
+    import shlex
+    import subprocess
+    import sys
+
+    lab = fleet["lab"]
+    marks, checkout = "/tmp/p40fleet-s1-marks", "/home/verl/verl"
+    site = lab.ssh("lab1", f"{ENV_PYTHON} -c 'import site; print(site.getsitepackages()[0])'",
+                   check=True).stdout.strip()  # fmt: skip
+    pth = f"{site}/zz-p40fleet-s1.pth"
+    line = f"import os; open('{marks}/pth-%d' % os.getuid(), 'a')"
+    hook = f"touch {marks}/fsmonitor-$(id -u); false"
+
+    def as_verl(command: str) -> str:
+        return f"su -s /bin/sh verl -c {shlex.quote(command)}"
+
+    plant = " && ".join([
+        f"mkdir -p {marks}", f"chmod 1777 {marks}",
+        as_verl(f"printf '%s\\n' {shlex.quote(line)} > {pth}"),
+        as_verl(f"git -C {checkout} config core.fsmonitor {shlex.quote(hook)}"),
+    ])  # fmt: skip
+    lab.ssh("lab1", plant, check=True)
+    t0 = time.monotonic()
+    try:
+        assert lab.ssh("lab1", f"ls {marks}").stdout.split() == []  # planted, not yet run
+        result = full("--limit", "lab1")
+        assert_converged(result, hosts=("lab1",))
+        verify = subprocess.run(
+            [sys.executable, "-m", "p40fleet.verify", runs.SIM_INVENTORY, "--limit", "lab1",
+             "--json", str(tmp_path / "verify.json")],
+            cwd=runs.REPO, capture_output=True, text=True, timeout=900,
+            env={**os.environ, **CONTROLLER_CACHE},
+        )  # fmt: skip
+        assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
+        found = lab.ssh("lab1", f"cd {marks} && stat -c '%n %u' *", check=True).stdout.split("\n")
+        uid = lab.ssh("lab1", "id -u verl", check=True).stdout.strip()
+        rows = [row.split() for row in found if row.strip()]
+        # the facts and the probe ran both plants (as verl): the markers exist, none is root's
+        assert {name.split("-")[0] for name, _ in rows} == {"pth", "fsmonitor"}, rows
+        for name, owner in rows:
+            assert name.rsplit("-", 1)[1] == uid and owner == uid, rows
+    finally:
+        unset = as_verl(f"git -C {checkout} config --unset core.fsmonitor")
+        lab.ssh("lab1", f"rm -f {pth}; rm -rf {marks}; {unset}")
+    print(f"S1 plants, deploy/full.py --limit lab1 + verify: {time.monotonic() - t0:.1f} s")
