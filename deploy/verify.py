@@ -48,7 +48,8 @@ def _checks_for_this_host() -> list[Check]:
     try:
         spec = spec_for_host(host)
     except SpecError as exc:
-        validated_spec()  # queues the refusal (fails the host at execution, changes nothing)
+        # queues the refusal (fails the host at execution, changes nothing); read-only: no lock
+        validated_spec(lock=False)
         return spec_failure(line.removeprefix(f"host {exc.host}: ") for line in exc.lines())
     checks = verify_host(spec) + ray_cluster.verify_checks(spec)
     failed = [c for c in checks if c.status == FAIL]
