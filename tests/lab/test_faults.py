@@ -263,3 +263,58 @@ def test_sudo_password_never_appears(fleet):
         assert leaked.stdout == "", leaked.stdout
     assert not any(secret in p.read_text(errors="ignore") for p in Path("/tmp").glob("pyinfra*")
                    if p.is_file())  # fmt: skip
+
+
+def _pyinfra(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyinfra", "-y", runs.SIM_INVENTORY, *args],
+        cwd=runs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **CONTROLLER_CACHE},
+    )  # fmt: skip
+
+
+LOCK = "/var/lib/p40fleet/run.lock"
+
+
+def test_run_lock_refuses_a_second_run_and_takes_over_a_killed_one(fleet):
+    """Issue 13 / S10: two runs 2 s apart on one host: the second is refused at once naming
+    the first; a run killed (SIGKILL) after taking the lock leaves it, the next run takes it
+    over with a message and converges."""
+    lab = fleet["lab"]
+    first = _pyinfra("deploy/system.py", "--limit", "lab2")
+    try:
+        time.sleep(2)
+        second = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
+        out_first, _ = first.communicate(timeout=900)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    lines = error_lines(second, "lab2")
+    assert second.returncode != 0 and not second.changed["lab2"], second.output[-3000:]
+    assert "host lab2: run lock: another p40fleet run holds this host" in lines, lines
+    assert f"(pid {first.pid})" in lines and "fix:" in lines, lines
+    assert first.returncode == 0, out_first[-3000:]
+    assert runs.parse(out_first)[3]["lab2"] == 0, out_first[-3000:]
+    assert lab.ssh("lab2", f"test -e {LOCK}").returncode == 1  # released at the end
+
+    killed = _pyinfra("deploy/system.py", "--limit", "lab2")
+    try:
+        assert killed.stdout is not None
+        seen, locked = [], False
+        for line in killed.stdout:  # pyinfra logs line by line: kill just after the lock
+            seen.append(line)
+            locked = locked or "Starting operation: Take the p40fleet run lock" in line
+            if locked and "[lab2] No changes" in line:
+                killed.kill()
+                break
+        killed.wait(timeout=60)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    holder = lab.ssh("lab2", f"cat {LOCK}/holder").stdout
+    assert f"pid={killed.pid}" in holder, ("".join(seen)[-3000:], holder)
+    result = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
+    lines = error_lines(result, "lab2")
+    assert result.returncode == 0 and not result.errors["lab2"], result.output[-3000:]
+    assert "run lock: took over the stale lock" in lines and f"pid {killed.pid}" in lines, lines
+    assert lab.ssh("lab2", f"test -e {LOCK}").returncode == 1
