@@ -297,20 +297,26 @@ def test_run_lock_refuses_a_second_run_and_takes_over_a_killed_one(fleet):
     assert runs.parse(out_first)[3]["lab2"] == 0, out_first[-3000:]
     assert lab.ssh("lab2", f"test -e {LOCK}").returncode == 1  # released at the end
 
+    # a slow step after the lock: the initramfs is out of date and its rebuild takes 30 s
+    tool = lab.ssh("lab2", "command -v update-initramfs", check=True).stdout.strip()
+    slow = f'#!/bin/sh\nsleep 30\nexec {tool}.real "$@"\n'
+    lab.ssh("lab2", f"mv {tool} {tool}.real && printf '%s' '{slow}' > {tool} && chmod +x {tool} "
+            "&& touch /etc/modprobe.d/blacklist-nouveau.conf", check=True)  # fmt: skip
     killed = _pyinfra("deploy/system.py", "--limit", "lab2")
     try:
         assert killed.stdout is not None
-        seen, locked = [], False
-        for line in killed.stdout:  # pyinfra logs line by line: kill just after the lock
+        seen = []
+        for line in killed.stdout:  # pyinfra logs line by line
             seen.append(line)
-            locked = locked or "Starting operation: Take the p40fleet run lock" in line
-            if locked and "[lab2] No changes" in line:
-                killed.kill()
+            if "Starting operation: Rebuild the initramfs" in line:
+                time.sleep(2)
+                killed.kill()  # SIGKILL: no chance to release anything
                 break
         killed.wait(timeout=60)
     finally:
         if killed.poll() is None:
             killed.kill()
+        lab.ssh("lab2", f"mv -f {tool}.real {tool}")
     holder = lab.ssh("lab2", f"cat {LOCK}/holder").stdout
     assert f"pid={killed.pid}" in holder, ("".join(seen)[-3000:], holder)
     result = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
