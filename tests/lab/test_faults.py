@@ -265,10 +265,10 @@ def test_sudo_password_never_appears(fleet):
                    if p.is_file())  # fmt: skip
 
 
-def _pyinfra(*args: str) -> subprocess.Popen:
+def _pyinfra(*args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "pyinfra", "-y", runs.SIM_INVENTORY, *args],
-        cwd=runs.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=runs.REPO, stdout=stdout, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, **CONTROLLER_CACHE},
     )  # fmt: skip
 
@@ -276,19 +276,22 @@ def _pyinfra(*args: str) -> subprocess.Popen:
 LOCK = "/var/lib/p40fleet/run.lock"
 
 
-def test_run_lock_refuses_a_second_run_and_takes_over_a_killed_one(fleet):
+def test_run_lock_refuses_a_second_run_and_takes_over_a_killed_one(fleet, tmp_path):
     """Issue 13 / S10: two runs 2 s apart on one host: the second is refused at once naming
     the first; a run killed (SIGKILL) after taking the lock leaves it, the next run takes it
     over with a message and converges."""
     lab = fleet["lab"]
-    first = _pyinfra("deploy/system.py", "--limit", "lab2")
-    try:
-        time.sleep(2)
-        second = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
-        out_first, _ = first.communicate(timeout=900)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    log = tmp_path / "first.log"
+    with log.open("w") as sink:  # a file, not a pipe: nobody reads it while the second runs
+        first = _pyinfra("deploy/system.py", "--limit", "lab2", stdout=sink)
+        try:
+            time.sleep(2)
+            second = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
+            first.wait(timeout=900)
+        finally:
+            if first.poll() is None:
+                first.kill()
+    out_first = log.read_text()
     lines = error_lines(second, "lab2")
     assert second.returncode != 0 and not second.changed["lab2"], second.output[-3000:]
     assert "host lab2: run lock: another p40fleet run holds this host" in lines, lines
