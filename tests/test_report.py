@@ -94,6 +94,20 @@ def test_refused_host_is_one_verdict_with_its_own_exit_code(tmp_path):
     assert 'type="REFUSED"' in report.junit_xml(data)
 
 
+def test_the_demos_h200_host_is_one_refused_line():
+    """The demo's lab4 (2× H200): what deploy/verify.py computes for it, as the table shows it."""
+    from p40fleet.preflight import outside_the_stack
+    from p40fleet.profile import summarize_host
+
+    summary = summarize_host([0x2335, 0x2335], branch="R525")
+    refusals = outside_the_stack(summary, "v0.5.0", "Ubuntu 20.04")
+    assert [r.step for r in refusals] == ["GPU check"]
+    entry = report.refused_entry([(r.step, r.reason, r.remedy) for r in refusals])
+    text = _render(report.build_report({"lab1": report.host_entry(GOOD), "lab4": entry}))
+    lab4 = text[text.index("lab4") :]
+    assert "REFUSED" in lab4 and "does not support H200" in lab4 and "FAIL" not in lab4
+
+
 MARKUP = [
     Check("cudnn [bold]", FAIL, "cannot open [/usr/local/cuda/lib64] [/x]", "fix [bold]it[/bold]"),
     Check("ld [/x]", PASS, "[bold]not bold[/bold] [/x]"),
