@@ -10,7 +10,9 @@ with the host's verl, the model and data files the script names are there).
 After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) and, when
 ``$P40FLEET_REPORT`` names a file, the JSON report there.
 
-A host with a FAIL gets one operation that fails it without changing anything
+A host outside the stack (its GPUs, OS, stack spec or verl ref refused, as by
+``deploy/preflight.py``) is REFUSED: one verdict with the reason and the fix, nothing probed.
+A host with a FAIL or REFUSED gets one operation that fails it without changing anything
 (``operations.preflight.refuse``), so pyinfra's own exit status is non-zero. A host where every
 check passes or is skipped gets no operation at all: 0 changes, and ``--dry`` works.
 """
@@ -20,11 +22,13 @@ from __future__ import annotations
 from pyinfra import host, state
 
 from facts.gpu import PciGpus
+from facts.host import LinuxDistribution, os_label
 from facts.verify import VerifyProbe
 from operations import ray_cluster, training, verification
-from operations.preflight import refuse, validated_spec
-from p40fleet import report
+from operations.preflight import refuse
+from p40fleet import preflight, report
 from p40fleet.checks import FAIL, Check, spec_failure
+from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 _RESULTS_ATTR = "p40fleet_verify_results"
@@ -44,12 +48,37 @@ def verify_host(spec: StackSpec) -> list[Check]:
     return verification.checks_for(spec, gpus, answers, target=target)
 
 
-def _checks_for_this_host() -> list[Check]:
+def _refused(spec: StackSpec) -> list[preflight.Refusal]:
+    """The preflight's refusals that put this host outside the stack (GPU, verl ref, OS)."""
+    summary = summarize_host(
+        host.get_fact(PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
+    )
+    distribution = os_label(host.get_fact(LinuxDistribution))
+    return preflight.outside_the_stack(summary, spec.verl.ref, distribution)
+
+
+def _refuse(refusals: list[tuple[str, str, str]]) -> dict:
+    """One REFUSED verdict (and one failing operation) instead of a cascade of FAILs."""
+    refuse(
+        name="Verify: refused",
+        step="verify",
+        reason="outside this stack: "
+        + "; ".join(f"{step}: {reason} (fix: {fix})" for step, reason, fix in refusals),
+        remedy="take the host out of the inventory or serve it with another stack",
+    )
+    return report.refused_entry(refusals)
+
+
+def _entry_for_this_host() -> dict:
     try:
         spec = spec_for_host(host)
     except SpecError as exc:
-        validated_spec()  # queues the refusal (fails the host at execution, changes nothing)
-        return spec_failure(line.removeprefix(f"host {exc.host}: ") for line in exc.lines())
+        lines = [line.removeprefix(f"host {exc.host}: ") for line in exc.lines()]
+        (check,) = spec_failure(lines)
+        return _refuse([(check.name, check.detail, check.remedy)])
+    refusals = _refused(spec)
+    if refusals:
+        return _refuse([(r.step, r.reason, r.remedy) for r in refusals])
     checks = verify_host(spec) + ray_cluster.verify_checks(spec)
     failed = [c for c in checks if c.status == FAIL]
     if failed:
@@ -59,15 +88,15 @@ def _checks_for_this_host() -> list[Check]:
             reason="\n".join(f"{c.name}: {c.detail} (fix: {c.remedy})" for c in failed),
             remedy="fix the failed checks above, then verify again",
         )
-    return checks
+    return report.host_entry(checks)
 
 
-checks = _checks_for_this_host()
-print(verification.summary_line(host.name, checks), flush=True)
+entry = _entry_for_this_host()
+print(verification.summary_line(host.name, entry), flush=True)
 
 # This file runs once per host (in parallel greenlets); the table waits for the last one.
 results: dict = getattr(state, _RESULTS_ATTR, None) or {}
-results[host.name] = report.host_entry(checks)
+results[host.name] = entry
 setattr(state, _RESULTS_ATTR, results)
 active = {h.name for h in state.inventory.get_active_hosts()}
 if active <= set(results) and not getattr(state, _PRINTED_ATTR, False):

@@ -13,6 +13,7 @@ from pyinfra.operations import apt, server
 
 from facts.gpu import SMI_OK, InstalledDriverVersion, NvidiaSmi, PciGpus
 from facts.host import KernelHeaders
+from operations import run_lock
 from operations.preflight import refuse
 from p40fleet.profile import driver_branch, driver_supports
 
@@ -135,6 +136,7 @@ def loaded(
         )
         return
     yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=reboot_timeout)
+    yield from run_lock.refreshed()  # this run's lock now names the new boot
 
 
 @operation()

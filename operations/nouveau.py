@@ -13,6 +13,7 @@ from pyinfra.operations import server
 
 from facts.gpu import NouveauLoaded
 from facts.system import FileStampFact, InitramfsMtime
+from operations import run_lock
 from operations.preflight import refuse
 
 __all__ = ["BLACKLIST_FILE", "BLACKLIST_TEXT", "blacklist", "initramfs", "unloaded"]
@@ -95,6 +96,7 @@ def unloaded(
         )
         return
     yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=reboot_timeout)
+    yield from run_lock.refreshed()  # this run's lock now names the new boot
 
     def _confirm_nouveau_gone(state, host) -> bool:  # noqa: ARG001 - pyinfra's signature
         if host.get_fact(NouveauLoaded):

@@ -39,6 +39,7 @@ import logging
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
 
+from operations import run_lock
 from p40fleet.spec import SpecError, StackSpec, host_key_problem, spec_for_host
 
 __all__ = ["refusal_message", "refuse", "validated_spec"]
@@ -104,12 +105,17 @@ def refuse_host(step: str, reason: str, remedy: str, name: str | None = None) ->
     refuse(step=step, reason=reason, remedy=remedy, name=name or f"Refuse: {step}")
 
 
-def validated_spec() -> StackSpec | None:
+def validated_spec(*, lock: bool = True) -> StackSpec | None:
     """The current host's StackSpec, or None after queueing a refusal if the spec is invalid.
 
     Call at the top of every deploy; add no operations for the host when it returns None
-    (also when an earlier deploy of this run refused the host).
+    (also when an earlier deploy of this run refused the host). With ``lock`` (deploys that
+    change hosts) this run's lock on the host is taken first (``operations.run_lock``); a host
+    another run holds is refused.
     """
+    if lock and not run_lock.hold():
+        refused_hosts().add(host.name)
+        return None
     if host.name in refused_hosts():
         return None
     try:

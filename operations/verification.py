@@ -90,10 +90,16 @@ def checks_for(
     return checks
 
 
-def summary_line(name: str, checks: list[Check]) -> str:
-    counts = {s: sum(c.status == s for c in checks) for s in ("PASS", "FAIL", "SKIP")}
+def summary_line(name: str, entry: list[Check] | dict[str, Any]) -> str:
+    """``[host] verify: VERDICT (...)`` from a host's checks or its report entry."""
+    if isinstance(entry, dict):
+        if entry["verdict"] == report.REFUSED:
+            why = "; ".join(f"{c['name']}: {c['detail']}" for c in entry["checks"])
+            return f"[{name}] verify: {report.REFUSED} ({why})"
+        entry = [Check.from_dict(c) for c in entry["checks"]]
+    counts = {s: sum(c.status == s for c in entry) for s in ("PASS", "FAIL", "SKIP")}
     return (
-        f"[{name}] verify: {host_verdict(checks)} "
+        f"[{name}] verify: {host_verdict(entry)} "
         f"({counts['PASS']} pass, {counts['FAIL']} fail, {counts['SKIP']} skip)"
     )
 
@@ -122,11 +128,11 @@ def finish(entries: dict[str, Any]) -> dict[str, Any]:
         elif other.name in entries:
             entries[other.name] = _with_details(other, entries[other.name])
     fleet = report.build_report(entries, provenance=report.provenance())
+    path = os.environ.get(report.REPORT_ENV)
+    if path:  # before the table: a table that cannot print must not cost the report
+        report.write_report(fleet, path)
     if os.environ.get(TABLE_ENV, "1") != "0":
         report.print_report(fleet)
-    path = os.environ.get(report.REPORT_ENV)
-    if path:
-        report.write_report(fleet, path)
     return fleet
 
 

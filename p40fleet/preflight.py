@@ -71,6 +71,13 @@ def os_refusal(os_label: str) -> Refusal | None:
     )
 
 
+def outside_the_stack(summary: HostGpuSummary, verl_ref: str, os_label: str) -> list[Refusal]:
+    """The refusals that put a host outside this stack (GPUs, verl ref, OS): what verify says
+    instead of probing it. Space and mirror refusals are not among them (a deploy fixes those)."""
+    found = [gpu_refusal(summary), verl_refusal(verl_ref, summary), os_refusal(os_label)]
+    return [r for r in found if r is not None]
+
+
 def space_needed(spec: StackSpec, verified: Mapping[str, bool], cuda_installed: bool) -> int:
     """Bytes the artifact cache needs: artifacts not yet verified there, plus CUDA's unpack."""
     needed = 0

@@ -21,8 +21,13 @@ without them (older, or a host never reached) is still valid. :func:`junit_xml` 
 same report as JUnit XML for CI systems (one ``testsuite`` per host, one ``testcase`` per check).
 
 Host verdicts: ``PASS`` (no check failed; SKIPs allowed), ``FAIL``, ``UNREACHABLE`` (pyinfra
-could not connect). The fleet passes only when every host passes: exit status 0, else 1
-(the DeepOps validators' contract; 2 is the CLI's usage/environment error).
+could not connect), ``REFUSED`` (a host outside the stack: its GPUs, OS, stack spec or verl ref
+are refused by the preflight; one check per reason, with the fix, and nothing else is probed).
+The fleet passes only when every host passes: exit status 0; 1 when a host failed or was
+unreachable; 3 when the only hosts that did not pass were refused (the DeepOps validators'
+contract, plus 3; 2 is the CLI's usage/environment error).
+
+Every table cell built from host output is a rich ``Text`` (never parsed as markup).
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "INVENTORY_ENV",
+    "EXIT_REFUSED",
+    "REFUSED",
     "REPORT_ENV",
     "UNREACHABLE",
     "ReportError",
@@ -68,6 +75,7 @@ __all__ = [
     "load_report",
     "print_report",
     "provenance",
+    "refused_entry",
     "spec_pins",
     "unreachable_entry",
     "write_junit",
@@ -80,12 +88,19 @@ REPORT_ENV = "P40FLEET_REPORT"
 INVENTORY_ENV = "P40FLEET_INVENTORY"
 REPO = Path(__file__).resolve().parent.parent
 UNREACHABLE = "UNREACHABLE"
-VERDICTS = (PASS, FAIL, UNREACHABLE)
+REFUSED = "REFUSED"
+VERDICTS = (PASS, FAIL, UNREACHABLE, REFUSED)
 REPORT_FORMAT = 1
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
-_STYLE = {PASS: "green", FAIL: "bold red", SKIP: "yellow", UNREACHABLE: "bold magenta"}
+_STYLE = {
+    PASS: "green",
+    FAIL: "bold red",
+    SKIP: "yellow",
+    UNREACHABLE: "bold magenta",
+    REFUSED: "bold yellow",
+}
 
 
 class ReportError(ValueError):
@@ -221,6 +236,12 @@ def unreachable_entry(reason: str = "pyinfra could not connect to this host") ->
     return {"verdict": UNREACHABLE, "checks": [check.to_dict()]}
 
 
+def refused_entry(refusals: Iterable[tuple[str, str, str]]) -> dict[str, Any]:
+    """The entry of a host outside the stack: ``(step, reason, fix)`` per preflight refusal."""
+    checks = [Check(step, FAIL, reason, remedy) for step, reason, remedy in refusals]
+    return {"verdict": REFUSED, "checks": [c.to_dict() for c in checks]}
+
+
 def _summary(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     verdicts = Counter(entry["verdict"] for entry in hosts.values())
     statuses = Counter(c["status"] for entry in hosts.values() for c in entry["checks"])
@@ -230,6 +251,7 @@ def _summary(hosts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "pass": verdicts.get(PASS, 0),
         "fail": verdicts.get(FAIL, 0),
         "unreachable": verdicts.get(UNREACHABLE, 0),
+        "refused": verdicts.get(REFUSED, 0),
         "verdict": PASS if ok else FAIL,
         "checks": {status: statuses.get(status, 0) for status in (PASS, FAIL, SKIP)},
     }
@@ -307,31 +329,37 @@ def load_report(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def exit_code(report: Mapping[str, Any]) -> int:
-    """0 when every host passed, else 1 (a failed or unreachable host, or no host at all)."""
-    hosts = report.get("hosts") or {}
-    if hosts and all(entry.get("verdict") == PASS for entry in hosts.values()):
+    """0 when every host passed; 3 when the others were all refused (outside the stack);
+    else 1 (a failed or unreachable host, or no host at all)."""
+    verdicts = {entry.get("verdict") for entry in (report.get("hosts") or {}).values()}
+    if verdicts == {PASS}:
         return EXIT_OK
+    if verdicts and verdicts <= {PASS, REFUSED}:
+        return EXIT_REFUSED
     return EXIT_FAIL
 
 
 def _styled(status: str) -> Text:
-    return Text(status, style=_STYLE.get(status, ""))
+    return Text(str(status), style=_STYLE.get(status, ""))
 
 
-def _problems(checks: list[Mapping[str, Any]], show_skips: bool) -> Text:
+def _problems(checks: list[Mapping[str, Any]], show_skips: bool, refused: bool = False) -> Text:
     text = Text()
+    if refused:
+        text.append("outside this stack (nothing else was checked): ", style=_STYLE[REFUSED])
     for check in checks:
         status = check["status"]
         if status == PASS or (status == SKIP and not show_skips):
             continue
         if text:
             text.append("\n")
-        text.append(f"{status} ", style=_STYLE[status])
+        if not refused:
+            text.append(f"{status} ", style=_STYLE[status])
         text.append(f"{check['name']}: ", style="bold")
-        text.append(check["detail"])
+        text.append(str(check["detail"]))
         if status == FAIL and check.get("remedy"):
             text.append(" — fix: ", style="bold")
-            text.append(check["remedy"])
+            text.append(str(check["remedy"]))
     return text or Text("all checks pass", style="green")
 
 
@@ -342,6 +370,7 @@ def fleet_table(report: Mapping[str, Any], *, verbose: bool = False) -> Table:
         f"p40fleet verify: {summary['pass']}/{summary['hosts']} hosts pass"
         + (f", {summary['fail']} fail" if summary["fail"] else "")
         + (f", {summary['unreachable']} unreachable" if summary["unreachable"] else "")
+        + (f", {summary['refused']} refused" if summary.get("refused") else "")
     )
     table = Table(title=title, show_lines=True)
     hosts = report.get("hosts", {})
@@ -354,12 +383,14 @@ def fleet_table(report: Mapping[str, Any], *, verbose: bool = False) -> Table:
                 if index == 0:
                     label.append(" ")
                     label.append_text(_styled(hosts[name]["verdict"]))
+                refused = hosts[name]["verdict"] == REFUSED
+                # Text(), never str: host output such as "[/usr/local/cuda/lib64]" is no markup
                 table.add_row(
                     label,
-                    check["name"],
-                    _styled(check["status"]),
-                    check["detail"],
-                    check.get("remedy", "") if check["status"] == FAIL else "",
+                    Text(str(check["name"])),
+                    _styled(REFUSED if refused else check["status"]),
+                    Text(str(check["detail"])),
+                    Text(str(check.get("remedy", "")) if check["status"] == FAIL else ""),
                 )
         return table
     table.add_column("host", overflow="fold", no_wrap=False)
@@ -369,11 +400,14 @@ def fleet_table(report: Mapping[str, Any], *, verbose: bool = False) -> Table:
     for name in sorted(hosts):
         entry = hosts[name]
         counts = Counter(c["status"] for c in entry["checks"])
+        refused = entry["verdict"] == REFUSED
         table.add_row(
-            name,
+            Text(name),
             _styled(entry["verdict"]),
-            f"{counts.get(PASS, 0)}/{counts.get(FAIL, 0)}/{counts.get(SKIP, 0)}",
-            _problems(entry["checks"], show_skips=True),
+            "-"
+            if refused
+            else f"{counts.get(PASS, 0)}/{counts.get(FAIL, 0)}/{counts.get(SKIP, 0)}",
+            _problems(entry["checks"], show_skips=True, refused=refused),
         )
     return table
 
@@ -448,7 +482,8 @@ def junit_xml(report: Mapping[str, Any]) -> str:
             case.set("time", "0")
             detail = _x(check.get("detail", ""))
             if check["status"] == FAIL:
-                failure = ET.SubElement(case, "failure", message=detail, type="FAIL")
+                kind = REFUSED if entry.get("verdict") == REFUSED else FAIL
+                failure = ET.SubElement(case, "failure", message=detail, type=kind)
                 remedy = _x(check.get("remedy") or "")
                 failure.text = f"{detail}\nfix: {remedy}" if remedy else detail
             elif check["status"] == SKIP:

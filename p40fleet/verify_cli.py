@@ -10,9 +10,11 @@ each host's GPUs; ``--junit`` writes the same report as JUnit XML for CI systems
 Exit status (the DeepOps validators' contract):
 
 * 0 — every host passed (SKIPs allowed);
-* 1 — a host failed a check, was refused (bad stack spec) or could not be reached;
+* 1 — a host failed a check or could not be reached;
 * 2 — usage or environment error: bad arguments, no such inventory file, pyinfra missing, or
-  pyinfra stopped before the verification produced a report.
+  pyinfra stopped before the verification produced a report;
+* 3 — every other host passed, but one or more are REFUSED: outside the stack (GPU, OS, stack
+  spec or verl ref refused by the preflight; the table says why and the fix).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m p40fleet.verify",
         description="Verify the P40 verl stack on every host of an inventory (changes nothing). "
-        "Exit 0: all hosts pass; 1: a host fails or is unreachable; 2: usage/environment error.",
+        "Exit 0: all hosts pass; 1: a host fails or is unreachable; 2: usage/environment error; "
+        "3: the hosts that do not pass are all refused (outside the stack).",
     )
     parser.add_argument(
         "inventory",
@@ -194,12 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except report.ReportError as exc:
             return _fail(str(exc))
 
-    report.print_report(fleet, verbose=args.verbose)
+    # the files first: a table that cannot be printed must not cost the report
     if json_path is not None:
         report.write_report(fleet, json_path)
-        print(f"report: {json_path}")
     if junit_path is not None:
         report.write_junit(fleet, junit_path)
+    report.print_report(fleet, verbose=args.verbose)
+    if json_path is not None:
+        print(f"report: {json_path}")
+    if junit_path is not None:
         print(f"junit: {junit_path}")
     code = report.exit_code(fleet)
     if code == report.EXIT_OK and rc != 0:

@@ -41,7 +41,11 @@ if spec is not None:
 def run_pyinfra(tmp_path: Path, hosts: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     marker_dir = tmp_path / "markers"
     marker_dir.mkdir()
-    (tmp_path / "inventory.py").write_text(f"hosts = {hosts}\n")
+    # each host its own run lock (@local and @chroot// are one machine), not /var/lib here
+    (tmp_path / "inventory.py").write_text(
+        f"hosts = [(n, {{'p40fleet_run_lock': {str(tmp_path)!r} + f'/lock-{{i}}', **d}})"
+        f" for i, (n, d) in enumerate({hosts})]\n"
+    )
     (tmp_path / "deploy.py").write_text(DEPLOY.format(marker_dir=marker_dir))
     env = {
         **os.environ,

@@ -47,6 +47,7 @@ def test_json_shape_and_summary():
         "pass": 1,
         "fail": 1,
         "unreachable": 1,
+        "refused": 0,
         "verdict": FAIL,
         "checks": {PASS: 2, FAIL: 2, SKIP: 1},
     }
@@ -68,6 +69,61 @@ def test_exit_codes():
     only_unreachable = report.build_report({"lab9": report.unreachable_entry()})
     assert report.exit_code(only_unreachable) == 1
     assert report.exit_code(report.build_report({})) == 1  # nothing verified is no pass
+
+
+H200 = ("GPU check", "GPUs 2× H200: driver R525 does not support H200", "another stack")
+
+
+def test_refused_host_is_one_verdict_with_its_own_exit_code(tmp_path):
+    passing = {"lab1": report.host_entry(GOOD), "lab4": report.refused_entry([H200])}
+    data = report.build_report(passing)
+    assert data["hosts"]["lab4"]["verdict"] == report.REFUSED
+    assert data["summary"]["refused"] == 1 and data["summary"]["verdict"] == FAIL
+    assert report.exit_code(data) == report.EXIT_REFUSED == 3
+    report.write_report(data, tmp_path / "r.json")
+    assert report.load_report(tmp_path / "r.json")["hosts"]["lab4"]["verdict"] == "REFUSED"
+    # a failing or unreachable host still makes it 1
+    assert report.exit_code(report.build_report({**passing, "lab2": report.host_entry(BAD)})) == 1
+    assert report.exit_code(report.build_report({"lab4": report.refused_entry([H200])})) == 3
+    text = _render(data)
+    assert "1/2 hosts pass, 1 refused" in text
+    (row,) = [line for line in text.splitlines() if "lab4" in line]
+    assert "REFUSED" in row and "FAIL" not in row  # one verdict, not a cascade of FAILs
+    assert "outside this stack" in text and "driver R525 does not support H200" in text
+    assert "fix: another stack" in text
+    assert 'type="REFUSED"' in report.junit_xml(data)
+
+
+def test_the_demos_h200_host_is_one_refused_line():
+    """The demo's lab4 (2× H200): what deploy/verify.py computes for it, as the table shows it."""
+    from p40fleet.preflight import outside_the_stack
+    from p40fleet.profile import summarize_host
+
+    summary = summarize_host([0x2335, 0x2335], branch="R525")
+    refusals = outside_the_stack(summary, "v0.5.0", "Ubuntu 20.04")
+    assert [r.step for r in refusals] == ["GPU check"]
+    entry = report.refused_entry([(r.step, r.reason, r.remedy) for r in refusals])
+    text = _render(report.build_report({"lab1": report.host_entry(GOOD), "lab4": entry}))
+    lab4 = text[text.index("lab4") :]
+    assert "REFUSED" in lab4 and "does not support H200" in lab4 and "FAIL" not in lab4
+
+
+MARKUP = [
+    Check("cudnn [bold]", FAIL, "cannot open [/usr/local/cuda/lib64] [/x]", "fix [bold]it[/bold]"),
+    Check("ld [/x]", PASS, "[bold]not bold[/bold] [/x]"),
+]
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_host_output_is_never_markup(verbose):
+    """S16: details with "[/x]" and "[bold]" render literally (verbose rows too)."""
+    data = report.build_report({"lab[/x]": report.host_entry(MARKUP)})
+    text = _render(data, verbose=verbose)  # raised rich.errors.MarkupError before
+    for literal in ("[/usr/local/cuda/lib64] [/x]", "fix [bold]it[/bold]", "cudnn [bold]",
+                    "lab[/x]"):  # fmt: skip
+        assert literal in text, (literal, text)
+    if verbose:
+        assert "[bold]not bold[/bold] [/x]" in text and "ld [/x]" in text
 
 
 @pytest.mark.parametrize(

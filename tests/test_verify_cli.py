@@ -78,11 +78,11 @@ def test_pyinfra_failing_before_verifying_is_2(tmp_path):
 # --- 1: a host fails / is unreachable ---------------------------------------------------------
 
 
-def test_local_without_gpu_is_1_with_report(tmp_path):
+def test_local_without_gpu_is_refused_3_with_report(tmp_path):
     out = tmp_path / "report.json"
     junit = tmp_path / "junit.xml"
     proc = run_cli("@local", "--json", str(out), "--junit", str(junit))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     prov = data["provenance"]
     assert prov["inventory"] == "@local" and prov["p40fleet_version"] == "0.1.0"
@@ -94,21 +94,27 @@ def test_local_without_gpu_is_1_with_report(tmp_path):
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("name") == "@local" and int(suite.get("failures")) >= 1
     assert f"junit: {junit}" in proc.stdout
-    assert host["verdict"] == "FAIL"
-    gpus = next(c for c in host["checks"] if c["name"] == "gpus")
-    assert gpus["status"] == "FAIL" and "no NVIDIA GPU" in gpus["detail"]
-    assert data["summary"]["fail"] == 1
-    assert "p40fleet verify: 0/1 hosts pass" in proc.stdout  # the CLI's table
+    # one verdict with the preflight's reason and fix, not a cascade of FAILs
+    assert host["verdict"] == "REFUSED"
+    assert [c["name"] for c in host["checks"]] in (["GPU check"], ["GPU check", "OS check"])
+    gpus = host["checks"][0]
+    assert "no NVIDIA GPU" in gpus["detail"] and "another stack" in gpus["remedy"]
+    assert data["summary"]["refused"] == 1 and data["summary"]["fail"] == 0
+    assert suite.find("testcase/failure").get("type") == "REFUSED"
+    assert "p40fleet verify: 0/1 hosts pass, 1 refused" in proc.stdout  # the CLI's table
+    assert "REFUSED" in proc.stdout and "outside this stack" in proc.stdout
     assert proc.stdout.count("p40fleet verify:") == 1  # printed once (not also by the deploy)
 
 
-def test_refused_spec_is_1(tmp_path):
+def test_refused_spec_is_3(tmp_path):
     inventory = tmp_path / "inventory.py"
     inventory.write_text('hosts = [("@local", {"stack": {"cuda": {"sha256": "abc"}}})]\n')
     out = tmp_path / "r.json"
     proc = run_cli(str(inventory), "-q", "--json", str(out))
-    assert proc.returncode == 1
-    (check,) = json.loads(out.read_text())["hosts"]["@local"]["checks"]
+    assert proc.returncode == 3
+    host = json.loads(out.read_text())["hosts"]["@local"]
+    assert host["verdict"] == "REFUSED"
+    (check,) = host["checks"]
     assert check["name"] == "stack spec" and "stack.cuda.sha256" in check["detail"]
 
 
@@ -119,7 +125,7 @@ def test_unreachable_host_is_1(tmp_path):
     proc = run_cli(str(inventory), "-q", "--json", str(out))
     assert proc.returncode == 1
     data = json.loads(out.read_text())
-    assert data["hosts"]["deadhost"]["verdict"] == "UNREACHABLE"
+    assert data["hosts"]["deadhost"]["verdict"] == "UNREACHABLE"  # 1 beats a refused @local
     assert data["summary"]["unreachable"] == 1
     assert "UNREACHABLE" in proc.stdout
 
@@ -233,11 +239,12 @@ def test_plain_pyinfra_prints_table_and_fails_the_host(tmp_path):
     proc = run_pyinfra("@local", "deploy/verify.py", env_extra={report.REPORT_ENV: str(out)})
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text
-    assert text.count("p40fleet verify: 0/1 hosts pass") == 1, text
-    assert "Verify: " in text and "check(s) failed" in text
-    assert "host @local: verify: gpus: no NVIDIA GPU found" in text
+    assert text.count("p40fleet verify: 0/1 hosts pass, 1 refused") == 1, text
+    assert "Verify: refused" in text and "check(s) failed" not in text
+    assert "host @local: verify: outside this stack: GPU check: GPUs " in text
+    assert "no NVIDIA GPU found" in text and "[@local] verify: REFUSED (GPU check:" in text
     assert "Traceback" not in text
-    assert json.loads(out.read_text())["hosts"]["@local"]["verdict"] == "FAIL"
+    assert json.loads(out.read_text())["hosts"]["@local"]["verdict"] == "REFUSED"
 
 
 def test_plain_pyinfra_dry_changes_nothing():

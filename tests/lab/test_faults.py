@@ -388,3 +388,72 @@ def test_sudo_password_never_appears(fleet):
     print(f"sampler: {sampled['sweeps']} sweeps of /proc, hits {sampled['hits']}")
     assert sampled["sweeps"] > 100
     assert sampled["hits"] and all(k.split()[0] == digest for k in sampled["hits"])
+
+
+def _pyinfra(*args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pyinfra", "-y", runs.SIM_INVENTORY, *args],
+        cwd=runs.REPO, stdout=stdout, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **CONTROLLER_CACHE},
+    )  # fmt: skip
+
+
+LOCK = "/var/lib/p40fleet/run.lock"
+
+
+def test_run_lock_refuses_a_second_run_and_takes_over_a_killed_one(fleet, tmp_path):
+    """Issue 13 / S10: two runs 2 s apart on one host: the second is refused at once naming
+    the first; a run killed (SIGKILL) after taking the lock leaves it, the next run takes it
+    over with a message and converges."""
+    lab = fleet["lab"]
+    # A converged host's run holds the lock for milliseconds: give each run a slow step, an
+    # out-of-date initramfs whose rebuild takes 30 s (the lab's tool behind a sleep).
+    tool = lab.ssh("lab2", "command -v update-initramfs", check=True).stdout.strip()
+    slow = f'#!/bin/sh\nsleep 30\nexec {tool}.real "$@"\n'
+    stale_initramfs = "touch /etc/modprobe.d/blacklist-nouveau.conf"
+    lab.ssh("lab2", f"mv {tool} {tool}.real && printf '%s' '{slow}' > {tool} && chmod +x {tool} "
+            f"&& {stale_initramfs}", check=True)  # fmt: skip
+    try:
+        log = tmp_path / "first.log"
+        with log.open("w") as sink:  # a file, not a pipe: nobody reads it while the second runs
+            first = _pyinfra("deploy/system.py", "--limit", "lab2", stdout=sink)
+            try:
+                time.sleep(2)
+                second = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
+                first.wait(timeout=900)
+            finally:
+                if first.poll() is None:
+                    first.kill()
+        out_first = log.read_text()
+        lines = error_lines(second, "lab2")
+        assert second.returncode != 0 and not second.changed["lab2"], second.output[-3000:]
+        assert "host lab2: run lock: another p40fleet run holds this host" in lines, lines
+        assert f"(pid {first.pid})" in lines and "fix:" in lines, lines
+        assert first.returncode == 0, out_first[-3000:]
+        assert runs.parse(out_first)[3]["lab2"] == 0, out_first[-3000:]
+        assert lab.ssh("lab2", f"test -e {LOCK}").returncode == 1  # released at the end
+
+        lab.ssh("lab2", stale_initramfs, check=True)
+        killed = _pyinfra("deploy/system.py", "--limit", "lab2")
+        try:
+            assert killed.stdout is not None
+            seen = []
+            for line in killed.stdout:  # pyinfra logs line by line
+                seen.append(line)
+                if "Starting operation: Rebuild the initramfs" in line:
+                    time.sleep(2)
+                    killed.kill()  # SIGKILL: no chance to release anything
+                    break
+            killed.wait(timeout=60)
+        finally:
+            if killed.poll() is None:
+                killed.kill()
+    finally:
+        lab.ssh("lab2", f"mv -f {tool}.real {tool}")
+    holder = lab.ssh("lab2", f"cat {LOCK}/holder").stdout
+    assert f"pid={killed.pid}" in holder, ("".join(seen)[-3000:], holder)
+    result = runs.run("deploy/system.py", "--limit", "lab2", env=CONTROLLER_CACHE)
+    lines = error_lines(result, "lab2")
+    assert result.returncode == 0 and not result.errors["lab2"], result.output[-3000:]
+    assert "run lock: took over the stale lock" in lines and f"pid {killed.pid}" in lines, lines
+    assert lab.ssh("lab2", f"test -e {LOCK}").returncode == 1

@@ -1,0 +1,191 @@
+"""The run lock: one p40fleet run per host at a time (``p40fleet.run_lock`` has the rules).
+
+``operations.preflight.validated_spec()`` calls :func:`hold` first, so every deploy that
+changes hosts takes the lock before its first operation, and a deploy included by another one
+(``deploy/full.py``) or named after it on the command line finds it already held by this run.
+
+Why the lock is taken inside the operation's generator at execution time, with
+``host.run_shell_command``, and not by a yielded command: a yielded command makes pyinfra report
+a change on every run, and "a second run changes nothing" is this project's contract; the lock
+is bookkeeping, not a change to the host's stack. A refusal is still a failing command, so the
+host fails before its next operation, with the holder named.
+
+Release: a pyinfra state callback removes the lock when this host's last operation succeeds, or
+as soon as one of its operations fails (pyinfra runs nothing more on a failed host). A deploy
+that is included never releases mid-run: only the end of the host's operations does. A run
+killed outright (SIGKILL, a lost controller) leaves its lock: the next run on that controller
+sees its pid gone and takes it over; another controller, after a reboot of the host or after
+``MAX_AGE_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import datetime, timezone
+
+from pyinfra import host, state
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+from pyinfra.api.state import BaseStateCallback
+
+from facts.run_lock import RunLock
+from p40fleet import run_lock
+from p40fleet.run_lock import DEFAULT_PATH, Holder
+
+__all__ = ["PATH_KEY", "hold", "lock_path", "refreshed", "take", "this_run"]
+
+logger = logging.getLogger("pyinfra")
+
+#: Host data key that moves the lock (tests that run two "hosts" on one machine).
+PATH_KEY = "p40fleet_run_lock"
+_RUN_ATTR = "p40fleet_run_lock_run"
+_LOCKED_ATTR = "p40fleet_run_lock_held"
+_QUEUED_ATTR = "p40fleet_run_lock_queued"
+_RELEASE_ATTR = "p40fleet_run_lock_release"
+_STEP = "run lock"
+
+
+def lock_path() -> str:
+    return str(host.data.get(PATH_KEY) or DEFAULT_PATH)
+
+
+def this_run() -> Holder:
+    """This run's holder for the current host (run id and start fixed once per pyinfra run)."""
+    run = getattr(state, _RUN_ATTR, None)
+    if run is None:
+        since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        run = (run_lock.new_run_id(), since)
+        setattr(state, _RUN_ATTR, run)
+    return Holder(socket.gethostname(), os.getpid(), run[0], host.name, run[1])
+
+
+def _set(attr: str) -> set[str]:
+    value = getattr(state, attr, None)
+    if value is None:
+        value = set()
+        setattr(state, attr, value)
+    return value
+
+
+def _refusal(path: str, reason: str) -> FunctionCommand:
+    from operations.preflight import refusal_message  # one refusal format for the project
+
+    message = refusal_message(host.name, _STEP, reason, run_lock.FIX.format(path=path))
+
+    def _fail(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
+        for line in message.splitlines():
+            host.log_styled(line, fg="red", log_func=logger.error)
+        return False
+
+    return FunctionCommand(_fail, (), {})
+
+
+def _connector_arguments(arguments) -> dict:
+    return {k: arguments[k] for k in CONNECTOR_ARGUMENT_KEYS if arguments and k in arguments}
+
+
+@operation(is_idempotent=False)
+def take(path: str = DEFAULT_PATH):
+    """
+    Take this run's lock on the host, or fail the host naming the run that holds it.
+
+    + path: the lock directory on the host
+
+    Reports no change: the lock is taken at execution by a command run from here (see the
+    module's doc); a dry run takes nothing.
+    """
+    me = this_run()
+    seen = host.get_fact(RunLock, path=path)
+    decision = run_lock.decide(seen.exists, seen.text, seen.boot_id, me)
+    if decision.kind == "held":
+        yield _refusal(path, decision.message)
+        return
+    if not state.is_executing:
+        return  # prepare stage (and --dry): the lock is taken when the run executes
+    command = StringCommand(run_lock.acquire_command(path, me, decision.stale_text))
+    ok, output = host.run_shell_command(
+        command, **_connector_arguments(host.current_op_global_arguments)
+    )
+    if ok:
+        _set(_LOCKED_ATTR).add(host.name)
+        if "stale run lock moved aside" in output.stdout:
+            for line in run_lock_lines(decision.message):
+                host.log_styled(line, fg="yellow", log_func=logger.warning)
+        return
+    said = [line for line in output.stderr_lines if line.strip()]
+    holder = run_lock.parse_holder("\n".join(said[1:]))
+    reason = (
+        f"another p40fleet run holds this host: {holder.describe()}"
+        if holder is not None
+        else "; ".join(said) or "the lock could not be taken"
+    )
+    yield _refusal(path, reason)
+
+
+def run_lock_lines(message: str) -> list[str]:
+    return [f"host {host.name}: {_STEP}: {message}"]
+
+
+def hold() -> bool:
+    """Queue :func:`take` for this host once per run; False when the prepare stage already
+    sees another live run holding it (the refusal is queued: add no more operations)."""
+    if host.name in _set(_QUEUED_ATTR):
+        return True  # re-entrant: an earlier deploy of this run queued it
+    _set(_QUEUED_ATTR).add(host.name)
+    _register_release()
+    path = lock_path()
+    take(name="Take the p40fleet run lock", path=path)
+    seen = host.get_fact(RunLock, path=path)
+    return run_lock.decide(seen.exists, seen.text, seen.boot_id, this_run()).kind != "held"
+
+
+def refreshed():
+    """Commands for an operation that rebooted the host: our holder gets the new boot_id."""
+    if host.name in _set(_LOCKED_ATTR):
+        yield StringCommand(run_lock.refresh_command(lock_path(), this_run()))
+
+
+class _Release(BaseStateCallback):
+    """Removes the lock after a host's last operation, or at its first failure."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, str] = {}
+
+    def _last_op(self, state, host) -> str | None:
+        if host.name not in self.last:
+            mine = [h for h in state.get_op_order() if h in state.ops[host]]
+            self.last[host.name] = mine[-1] if mine else ""
+        return self.last[host.name]
+
+    def _release(self, state, host, op_hash) -> None:
+        locked = getattr(state, _LOCKED_ATTR, set())
+        if host.name not in locked:
+            return
+        locked.discard(host.name)
+        arguments = state.get_op_data_for_host(host, op_hash).global_arguments
+        me = Holder(socket.gethostname(), os.getpid(), getattr(state, _RUN_ATTR)[0], host.name,
+                    getattr(state, _RUN_ATTR)[1])  # fmt: skip
+        path = str(host.data.get(PATH_KEY) or DEFAULT_PATH)
+        try:
+            host.run_shell_command(
+                StringCommand(run_lock.release_command(path, me)),
+                **_connector_arguments(arguments),
+            )
+        except Exception as exc:  # noqa: BLE001 - an unreachable host keeps its (now stale) lock
+            logger.warning(f"{host.print_prefix}run lock not released: {exc}")
+
+    def operation_host_success(self, state, host, op_hash, retry_count=0):  # noqa: ARG002
+        if op_hash == self._last_op(state, host):
+            self._release(state, host, op_hash)
+
+    def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):  # noqa: ARG002
+        if not state.get_op_data_for_host(host, op_hash).global_arguments.get("_ignore_errors"):
+            self._release(state, host, op_hash)
+
+
+def _register_release() -> None:
+    if not getattr(state, _RELEASE_ATTR, False):
+        setattr(state, _RELEASE_ATTR, True)
+        state.add_callback_handler(_Release())

@@ -1,0 +1,11 @@
+"""Entry point: ``python -m p40fleet.deploy INVENTORY DEPLOY... [pyinfra args]``
+(see p40fleet.deploy_cli)."""
+
+from __future__ import annotations
+
+import sys
+
+from p40fleet.deploy_cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

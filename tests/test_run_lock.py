@@ -1,0 +1,235 @@
+"""The run lock: who holds it, when it is stale, and the host-side commands (run with sh here).
+
+The decisions are pure (``p40fleet.run_lock.decide``); the commands run with ``sh`` in a temp
+dir, two at once for the races; the operation runs offline (tests/opharness.py) and, end to end,
+under the real pyinfra CLI on ``@local`` (as tests/test_preflight.py does).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from facts.run_lock import RunLock, RunLockState
+from operations import run_lock as op
+from p40fleet import run_lock
+from p40fleet.run_lock import MAX_AGE_S, Holder
+from tests.opharness import run_op
+
+REPO = Path(__file__).resolve().parent.parent
+NOW = datetime(2026, 11, 30, 23, 0, 0, tzinfo=timezone.utc)
+ME = Holder("ctl", 100, "run-me", "lab2", "2026-11-30T23:00:00Z")
+BOOT = "boot-1"
+
+
+def holder_text(controller="ctl", pid=7, run="run-a", host="lab2", since="2026-11-30T22:59:58Z",
+                boot=BOOT) -> str:  # fmt: skip
+    return "\n".join(Holder(controller, pid, run, host, since, boot).lines())
+
+
+def decide(text, *, alive=True, boot=BOOT, exists=True, now=NOW):
+    return run_lock.decide(exists, text, boot, ME, now=now, pid_alive=lambda pid: alive)
+
+
+# ------------------------------------------------------------------------- decisions
+
+
+def test_free_and_reentrant():
+    assert decide("", exists=False).kind == "free"
+    assert decide(holder_text(run="run-me", pid=100)).kind == "ours"
+
+
+def test_same_machine_twice_in_one_run_is_refused():
+    decision = decide(holder_text(run="run-me", host="lab2-again"))
+    assert decision.kind == "held" and "listed twice" in decision.message
+
+
+def test_live_run_is_named():
+    decision = decide(holder_text(controller="ctl-b", pid=4242))
+    assert decision.kind == "held"
+    assert "run run-a of controller ctl-b (pid 4242) since 2026-11-30T22:59:58Z" in decision.message
+    # on this controller: a live pid holds it even after a reboot (that run rebooted the host)
+    assert decide(holder_text(), alive=True, boot="boot-2").kind == "held"
+
+
+def test_crashed_run_on_this_controller_is_stale():
+    text = holder_text(pid=7)
+    decision = decide(text, alive=False)
+    assert decision.kind == "stale" and decision.stale_text == text
+    assert "pid 7 no longer runs on ctl" in decision.message
+    assert "took over the stale lock of run run-a" in decision.message
+
+
+def test_other_controller_stale_after_reboot_or_max_age():
+    other = holder_text(controller="ctl-b")
+    assert decide(other, boot="boot-2").kind == "stale"
+    assert "rebooted" in decide(other, boot="boot-2").message
+    later = NOW + timedelta(seconds=MAX_AGE_S + 60)
+    assert decide(other, now=later).kind == "stale"
+    assert decide(other, now=NOW + timedelta(seconds=MAX_AGE_S - 60)).kind == "held"
+
+
+def test_unreadable_holder_is_held_not_guessed():
+    assert decide("garbage").kind == "held"
+
+
+def test_fact_parses_present_and_absent():
+    fact = RunLock()
+    assert "head -c 4096" in fact.command("/var/lib/p40fleet/run.lock")
+    assert fact.process(["boot_id=b1"]) == RunLockState(False, "", "b1")
+    got = fact.process(["boot_id=b1", "lock=present", *holder_text().splitlines()])
+    assert got == RunLockState(True, holder_text(), "b1")
+
+
+# ------------------------------------------------------------------- host-side shell
+
+
+def sh(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+
+
+def test_acquire_release_and_refusal_in_a_temp_dir(tmp_path):
+    path = str(tmp_path / "p40fleet" / "run.lock")
+    a = Holder("ctl", 1, "run-a", "lab2", "2026-11-30T23:00:00Z")
+    b = Holder("ctl-b", 2, "run-b", "lab2", "2026-11-30T23:00:02Z")
+    assert sh(run_lock.acquire_command(path, a)).returncode == 0
+    held = Path(path, "holder").read_text()
+    assert "run=run-a" in held and "boot_id=" in held and held.endswith("\n")
+    assert sh(run_lock.acquire_command(path, a)).returncode == 0  # re-entrant
+    refused = sh(run_lock.acquire_command(path, b))
+    assert refused.returncode == 75 and "run=run-a" in refused.stderr
+    assert sh(run_lock.release_command(path, b)).returncode == 0
+    assert Path(path).is_dir()  # not b's to release
+    assert sh(run_lock.release_command(path, a)).returncode == 0
+    assert not Path(path).exists()
+    assert [p.name for p in (tmp_path / "p40fleet").iterdir()] == []  # no temp dir left
+
+
+def _race(scripts: list[str]) -> list[int]:
+    procs = [subprocess.Popen(["sh", "-c", s], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for s in scripts]  # fmt: skip
+    return [p.wait(timeout=30) for p in procs]
+
+
+def test_two_runs_that_both_saw_no_lock_one_wins(tmp_path):
+    for attempt in range(10):
+        path = str(tmp_path / f"try{attempt}" / "run.lock")
+        runs = [Holder("ctl", i, f"run-{i}", "lab2", "2026-11-30T23:00:00Z") for i in range(4)]
+        codes = _race([run_lock.acquire_command(path, h) for h in runs])
+        assert sorted(codes) == [0, 75, 75, 75], codes
+        winner = runs[codes.index(0)]
+        assert f"run={winner.run}" in Path(path, "holder").read_text()
+
+
+def test_two_runs_taking_over_one_stale_lock_one_wins(tmp_path):
+    for attempt in range(10):
+        path = tmp_path / f"try{attempt}" / "run.lock"
+        path.mkdir(parents=True)
+        stale = holder_text(pid=999999)
+        (path / "holder").write_text(stale + "\n")
+        runs = [Holder("ctl", i, f"run-{i}", "lab2", "2026-11-30T23:00:00Z") for i in range(4)]
+        codes = _race([run_lock.acquire_command(str(path), h, stale) for h in runs])
+        assert sorted(codes) == [0, 75, 75, 75], codes
+        winner = runs[codes.index(0)]
+        assert f"run={winner.run}" in (path / "holder").read_text()
+
+
+def test_takeover_only_replaces_the_exact_stale_holder(tmp_path):
+    path = tmp_path / "run.lock"
+    path.mkdir()
+    (path / "holder").write_text(holder_text(run="run-new") + "\n")  # someone took it since
+    result = sh(run_lock.acquire_command(str(path), ME, holder_text(run="run-old")))
+    assert result.returncode == 75 and "run=run-new" in result.stderr
+
+
+def test_refresh_writes_the_new_boot_id(tmp_path):
+    path = tmp_path / "run.lock"
+    path.mkdir()
+    (path / "holder").write_text("\n".join(ME.lines()[:-1]) + "\nboot_id=old\n")
+    assert sh(run_lock.refresh_command(str(path), ME)).returncode == 0
+    boot = Path(run_lock.BOOT_ID).read_text().strip()
+    assert (path / "holder").read_text().splitlines()[-1] == f"boot_id={boot}"
+
+
+# --------------------------------------------------------------------- the operation
+
+
+def test_operation_refuses_a_held_host_at_prepare_and_takes_nothing_else():
+    seen = RunLockState(True, holder_text(controller="ctl-b", pid=4242), BOOT)
+    result = run_op(op.take, path="/var/lib/p40fleet/run.lock", facts={RunLock: seen},
+                    host_name="lab2")  # fmt: skip
+    assert result.commands == ["function _fail"]
+    (failure,) = result.failures
+    assert failure.startswith("host lab2: run lock: another p40fleet run holds this host: run ")
+    assert "controller ctl-b (pid 4242)" in failure
+    assert "rm -rf /var/lib/p40fleet/run.lock" in failure
+
+
+def test_operation_changes_nothing_while_preparing():
+    result = run_op(op.take, facts={RunLock: RunLockState(False, "", BOOT)})
+    assert result.commands == []  # taken at execution, and never reported as a change
+
+
+# ------------------------------------------------------------- end to end on @local
+
+DEPLOY = """
+from pyinfra.operations import server
+from operations.preflight import validated_spec
+from operations.run_lock import hold
+spec = validated_spec()
+if spec is not None:
+    hold()  # a second deploy of the same run: re-entrant
+    server.shell(name="touch marker", commands=["touch {marker}"])
+"""
+
+
+def pyinfra_local(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    marker = tmp_path / "marker"
+    marker.unlink(missing_ok=True)
+    lock = tmp_path / "run.lock"
+    (tmp_path / "inv.py").write_text(
+        f"hosts = [('@local', {{'stack': {{}}, 'p40fleet_run_lock': {str(lock)!r}}})]\n"
+    )
+    (tmp_path / "deploy.py").write_text(DEPLOY.format(marker=marker))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", str(tmp_path / "inv.py"),
+         str(tmp_path / "deploy.py")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return proc, marker
+
+
+@pytest.mark.skipif(not Path(run_lock.BOOT_ID).exists(), reason="needs Linux /proc")
+def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path):
+    lock = tmp_path / "run.lock"
+    proc, marker = pyinfra_local(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and marker.exists(), out
+    assert not lock.exists(), out  # released at the end of the run
+    assert "[@local] No changes" in out.split("touch marker")[0], out  # the lock: no change
+
+    lock.mkdir()
+    boot = Path(run_lock.BOOT_ID).read_text().strip()  # this boot: not stale by a reboot
+    other = holder_text(controller="ctl-b", pid=4242, host="@local", boot=boot)
+    (lock / "holder").write_text(other + "\n")
+    proc, marker = pyinfra_local(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not marker.exists(), out
+    assert "host @local: run lock: another p40fleet run holds this host: run run-a of " \
+           "controller ctl-b (pid 4242)" in out, out  # fmt: skip
+    assert (lock / "holder").exists()  # not ours: left alone
+
+    (lock / "holder").write_text(holder_text(controller=socket.gethostname(), pid=999999,
+                                             host="@local") + "\n")  # fmt: skip
+    proc, marker = pyinfra_local(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and marker.exists(), out
+    assert "run lock: took over the stale lock of run run-a" in out and "pid 999999" in out, out
+    assert not lock.exists(), out
