@@ -9,7 +9,7 @@ allowed) fails on its own with a remedy while the other hosts carry on.
 
 from __future__ import annotations
 
-from operations import artifacts, cuda, cudnn, driver, nouveau
+from operations import apt_source, artifacts, cuda, cudnn, driver, nouveau
 from operations.preflight import validated_spec
 
 spec = validated_spec()
@@ -34,6 +34,19 @@ if spec is not None:
     # 2. Artifacts: downloaded into the cache, sha256-verified, marked.
     for item in ("driver", "cuda", "cudnn"):
         artifacts.artifact(name=f"Fetch {spec.artifact(item).filename}", item=item, spec=spec)
+
+    # 2b. apt from the mirror (before any apt install); air-gapped: from the mirror only.
+    if spec.mirror is not None and spec.mirror.apt is not None:
+        apt = spec.mirror.apt
+        apt_source.mirror(
+            name=f"apt source: the mirror {apt.url} {apt.suite}",
+            url=apt.url,
+            suite=apt.suite,
+            components=list(apt.components),
+            key_file=apt.signed_by,
+            trusted=apt.trusted,
+            air_gapped=spec.mirror.air_gapped,
+        )
 
     # 3. Nouveau: blacklist, initramfs, reboot (only with policy.allow_reboot).
     nouveau.blacklist(name="Blacklist nouveau")
