@@ -432,12 +432,15 @@ def test_conda_condarc_channels_replace_the_defaults(minicondas, channel, tmp_pa
 
     (prefix / ".condarc").write_text(condarc_text(channel))
     try:
-        for args in ([], ["-c", "defaults"]):  # default_channels is what "defaults" means
-            r = conda(prefix, "create", "-n", "rc", f"python={host_py}", "-y", *args)
-            assert r.returncode == 0, r.stderr
-            history = (prefix / "envs/rc/conda-meta/history").read_text()
-            assert f"# channels: {channel}\n" in history
-            shutil.rmtree(prefix / "envs/rc")
+        r = conda(prefix, "create", "-n", "rc", f"python={host_py}", "-y")
+        assert r.returncode == 0, r.stderr
+        history = (prefix / "envs/rc/conda-meta/history").read_text()
+        assert f"# channels: {channel}\n" in history
+        # default_channels is what "defaults" means: the mirror's index answers (no such python)
+        r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y", "--override-channels",
+                  "-c", "defaults")  # fmt: skip
+        assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+        assert f"  - {channel}/linux-64" in r.stderr and "repo.anaconda.com" not in r.stderr
         missing = f"file://{tmp_path}/no-channel"
         r = conda(prefix, "create", "-n", "rc", "python=3", "-y", "-c", missing)
         assert (
@@ -470,11 +473,10 @@ def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas, channel):
         assert r.returncode == 0, r.stderr
     r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y")
     assert r.returncode == 1 and CONNECTION_FAILED in r.stderr and "CondaToS" not in r.stderr
-    # a mirror channel needs no ToS at all
-    r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y", "--override-channels",
+    # a mirror channel needs no ToS at all: its index answers (the solver finds no such python)
+    r = conda(prefix, "create", "-n", "e", "python=3.10.99", "-y", "--override-channels",
               "-c", channel)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert (prefix / "envs/e/bin/python").exists()
+    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr and "CondaToS" not in r.stderr
 
 
 def test_conda_tos_fact_tells_the_doubles_apart(minicondas, tmp_path):
