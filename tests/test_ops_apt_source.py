@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 import subprocess
+from email.utils import formatdate
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +151,71 @@ def test_condarc_written_once_as_the_user():
 def test_no_tos_step_with_a_mirror_channel(policy):
     result = run_op(conda.conda_tos, prefix=PREFIX, policy=policy, mirror_channel=CHANNEL)
     assert not result.changed and CHANNEL in result.noops[0]
+
+
+# -- the signed-by line with real apt: checked, never trusted ---------------------------------
+
+needs_apt_gpg = pytest.mark.skipif(
+    not (shutil.which("apt-get") and shutil.which("gpg")), reason="needs apt-get and gpg"
+)
+
+
+def _signing_key(home: Path, name: str) -> Path:
+    """A fresh ed25519 signing key in GNUPGHOME ``home``; returns its exported keyring."""
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key",
+                    f"{name} <{name}@localhost>", "ed25519", "sign", "never"],
+                   check=True, capture_output=True, env=env)  # fmt: skip
+    keyring = home.parent / f"{name}.gpg"
+    keyring.write_bytes(subprocess.run(["gpg", "--export"], check=True, capture_output=True,
+                                       env=env).stdout)  # fmt: skip
+    return keyring
+
+
+def _apt_update(tmp: Path, line: str) -> subprocess.CompletedProcess:
+    """``apt-get update`` with only ``line`` as its source, all state under ``tmp``."""
+    for d in ("parts", "lists/partial", "cache/archives/partial"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    (tmp / "sources.list").write_text(line + "\n")
+    options = {"Dir::Etc::SourceList": tmp / "sources.list", "Dir::Etc::SourceParts": tmp / "parts",
+               "Dir::State::Lists": tmp / "lists", "Dir::Cache": tmp / "cache",
+               "Debug::NoLocking": "1"}  # fmt: skip
+    argv = ["apt-get", "update"] + [a for k, v in options.items() for a in ("-o", f"{k}={v}")]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+@needs_apt_gpg
+def test_signed_by_line_makes_apt_check_the_mirror_key(tmp_path, request):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "Packages").write_text("")
+    subprocess.run(["gzip", "-k9n", str(repo / "Packages")], check=True)
+    sums = "".join(
+        f" {hashlib.sha256((repo / f).read_bytes()).hexdigest()} {(repo / f).stat().st_size} {f}\n"
+        for f in ("Packages", "Packages.gz")
+    )
+    (repo / "Release").write_text(f"Origin: t\nDate: {formatdate(usegmt=True)}\nSHA256:\n{sums}")
+    key = _signing_key(tmp_path / "gnupg", "mirror")
+    other = _signing_key(tmp_path / "gnupg2", "other")
+    for home in ("gnupg", "gnupg2"):  # gpg started an agent per home: stop it with the test
+        request.addfinalizer(
+            lambda home=home: subprocess.run(["gpgconf", "--kill", "gpg-agent"], check=False,
+                                             env={**os.environ, "GNUPGHOME": str(tmp_path / home)})
+        )  # fmt: skip
+    subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(repo / "InRelease"),
+                    str(repo / "Release")], check=True, capture_output=True,
+                   env={**os.environ, "GNUPGHOME": str(tmp_path / "gnupg")})  # fmt: skip
+
+    def line(keyring: Path | None, trusted: bool = False) -> str:
+        # the operation's line, with the host's key path pointed at this test's keyring
+        text = apt_source.source_line(f"file://{repo}", "./", (), "/k/m.gpg" if keyring else None,
+                                      trusted)  # fmt: skip
+        return text.replace(apt_source.key_dest("/k/m.gpg"), str(keyring))
+
+    ok = _apt_update(tmp_path / "ok", line(key))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for bad in (line(other), line(None)):  # the wrong key, or no key and not trusted: refused
+        refused = _apt_update(tmp_path / f"bad{len(bad)}", bad)
+        assert refused.returncode == 100, refused.stdout + refused.stderr
+        assert "NO_PUBKEY" in refused.stderr or "not signed" in refused.stderr, refused.stderr
