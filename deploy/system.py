@@ -46,6 +46,7 @@ if spec is not None:
             key_file=apt.signed_by,
             trusted=apt.trusted,
             air_gapped=spec.mirror.air_gapped,
+            extra_suites=list(apt.extra_suites),
         )
 
     # 3. Nouveau: blacklist, initramfs, reboot (only with policy.allow_reboot).

@@ -57,6 +57,7 @@ def mirror(
     key_file: str | None = None,
     trusted: bool = False,
     air_gapped: bool = False,
+    extra_suites: tuple[str, ...] | list[str] = (),
 ):
     """
     Point apt at the mirror; on an air-gapped host, at the mirror only.
@@ -67,6 +68,7 @@ def mirror(
     + key_file: the repository's key on the controller (shipped as ``signed-by``)
     + trusted: apt's ``[trusted=yes]`` (no signature check); only when the spec says so
     + air_gapped: move the other source files to ASIDE_DIR
+    + extra_suites: more suites of the same repository (one line each), e.g. ``focal-updates``
     """
     dest = key_dest(key_file) if key_file else None
     state = host.get_fact(AptSources, key_path=dest)
@@ -84,8 +86,10 @@ def mirror(
             changed.append(f"key {dest}")
     text = (
         "# p40fleet: stack.mirror.apt (written by deploy/system.py; edits are replaced)\n"
-        + source_line(url, suite, components, key_file, trusted)
-        + "\n"
+        + "".join(
+            source_line(url, one, components, key_file, trusted) + "\n"
+            for one in (suite, *extra_suites)
+        )
     )
     if (state.mirror_list or "").strip() != text.strip():
         yield FileUploadCommand(StringIO(text), MIRROR_LIST)

@@ -502,6 +502,14 @@ class AptMirror(BaseModel):
         Annotated[str, AfterValidator(_pattern(_APT_WORD, "expected a component such as main"))],
         ...,
     ] = ()
+    # More suites of the same repository, e.g. focal-updates and focal-security (where Ubuntu
+    # puts the headers of the kernels it updates): one more line each.
+    extra_suites: tuple[
+        Annotated[
+            str, AfterValidator(_pattern(_APT_WORD, "expected a suite such as focal-updates"))
+        ],
+        ...,
+    ] = ()
     signed_by: AbsPath | None = None
     trusted: bool = False
 
@@ -509,6 +517,9 @@ class AptMirror(BaseModel):
     def _checks(self) -> AptMirror:
         found: list[tuple[str, Any, str]] = []
         flat = self.suite.endswith("/")
+        if flat and self.extra_suites:
+            found.append(("extra_suites", list(self.extra_suites), "expected none with a "
+                          "flat suite ending in '/' (a flat repository has one)"))  # fmt: skip
         if flat and self.components:
             found.append(("components", list(self.components), "expected no components with "
                           "a flat suite ending in '/'"))  # fmt: skip

@@ -54,6 +54,16 @@ def test_second_run_changes_nothing():
     assert not again.changed and URL in again.noops[0]
 
 
+def test_extra_suites_one_line_each():
+    suites = {"suite": "focal", "components": ["main"], "extra_suites": ["focal-updates"]}
+    text = _mirror(AptSourceState(), **suites).uploads[MIRROR_LIST]
+    assert text.splitlines()[1:] == [
+        f"deb [trusted=yes] {URL} focal main",
+        f"deb [trusted=yes] {URL} focal-updates main",
+    ]
+    assert not _mirror(AptSourceState(mirror_list=text), **suites).changed
+
+
 def test_edited_or_removed_source_restored():
     for state in (AptSourceState(mirror_list="deb http://elsewhere/ ./\n"), AptSourceState()):
         result = _mirror(state)

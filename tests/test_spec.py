@@ -510,6 +510,8 @@ def test_mirror_apt_and_conda_channel_accepted(tmp_path):
           "signed_by": "/k.gpg"}, "trusted", "trusted: False with signed_by"),
         ({"url": "ftp://m/u", "suite": "./", "trusted": True}, "url", "http:// or https://"),
         ({"url": "http://m/u", "suite": "focal main", "trusted": True}, "suite", "apt suite"),
+        ({"url": "http://m/u", "suite": "./", "extra_suites": ["x"], "trusted": True},
+         "extra_suites", "expected none with a flat suite"),
     ],
 )  # fmt: skip
 def test_bad_mirror_apt_names_host_and_field(apt, field, words):

@@ -59,7 +59,8 @@ stack = {
     #     # apt source, written before any apt install; signed_by = the repo's key on the
     #     # controller ("trusted": True instead turns apt's signature check off, never implied)
     #     "apt": {"url": "http://192.0.2.1:8111/ubuntu", "suite": "focal",
-    #             "components": ["main", "universe"], "signed_by": "/srv/keys/mirror.gpg"},
+    #             "components": ["main", "universe"], "signed_by": "/srv/keys/mirror.gpg",
+    #             "extra_suites": ["focal-updates", "focal-security"]},  # kernel headers there
     #     "conda_channel": "http://192.0.2.1:8111/conda",       # + "/linux-64/repodata.json"
     #     "air_gapped": False,  # True: every source above is required; distro apt sources aside
     # },
