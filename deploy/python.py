@@ -164,10 +164,19 @@ def deploy(spec: StackSpec) -> None:
         force="miniconda" in force,
         **as_user,
     )
+    mirror_channel = spec.mirror.conda_channel if spec.mirror is not None else None
+    if mirror_channel:
+        conda.condarc(
+            name=f"{env.conda_prefix}/.condarc: the mirror channel only",
+            prefix=env.conda_prefix,
+            channel=mirror_channel,
+            **as_user,
+        )
     conda.conda_tos(
         name="Anaconda ToS (policy.conda_tos)",
         prefix=env.conda_prefix,
         policy=spec.policy.conda_tos,
+        mirror_channel=mirror_channel,
         **as_user,
     )
 
@@ -178,7 +187,7 @@ def deploy(spec: StackSpec) -> None:
         prefix=env.conda_prefix,
         env_name=env.name,
         python_version=spec.python_version,
-        channels=conda.channel_args(spec.policy.conda_tos),
+        channels=conda.channel_args(spec.policy.conda_tos, mirror_channel),
         force="env" in force,
         **as_user,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pyinfra import local
 
-from operations import artifacts, cuda, cudnn, driver, nouveau
+from operations import apt_source, artifacts, cuda, cudnn, driver, nouveau
 from operations.preflight import validated_spec
 
 # Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
@@ -38,6 +38,20 @@ if spec is not None:
     # 2. Artifacts: downloaded into the cache, sha256-verified, marked.
     for item in ("driver", "cuda", "cudnn"):
         artifacts.artifact(name=f"Fetch {spec.artifact(item).filename}", item=item, spec=spec)
+
+    # 2b. apt from the mirror (before any apt install); air-gapped: from the mirror only.
+    if spec.mirror is not None and spec.mirror.apt is not None:
+        apt = spec.mirror.apt
+        apt_source.mirror(
+            name=f"apt source: the mirror {apt.url} {apt.suite}",
+            url=apt.url,
+            suite=apt.suite,
+            components=list(apt.components),
+            key_file=apt.signed_by,
+            trusted=apt.trusted,
+            air_gapped=spec.mirror.air_gapped,
+            extra_suites=list(apt.extra_suites),
+        )
 
     # 3. Nouveau: blacklist, initramfs, reboot (only with policy.allow_reboot).
     nouveau.blacklist(name="Blacklist nouveau")

@@ -9,6 +9,10 @@ ToS of ``pkgs/main`` and ``pkgs/r`` is accepted; the pinned py310_24.11.1-0 has 
 ``conda tos`` subcommand and no check. spec.policy.conda_tos: ``conda-forge`` (the default:
 ``--override-channels -c conda-forge``, no ToS, no licence limit) or ``accept`` (the default
 channels; accepted only where the installed conda has the plugin: the ``CondaTos`` fact).
+
+A mirror channel (``stack.mirror.conda_channel``) replaces both: ``conda create
+--override-channels -c URL``, and ``condarc`` writes ``PREFIX/.condarc`` naming only that channel
+(so a later hand-run ``conda install`` does not reach for the internet either); no ToS applies.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ __all__ = [
     "TOS_MARKER",
     "channel_args",
     "conda_tos",
+    "condarc",
+    "condarc_text",
     "env",
     "env_rebuild_reason",
     "miniconda",
@@ -52,9 +58,37 @@ def _conda(prefix: str) -> str:
     return f"{prefix.rstrip('/')}/bin/conda"
 
 
-def channel_args(conda_tos: str) -> list[str]:
-    """Extra ``conda create`` arguments for the ToS policy (``accept`` needs none)."""
+def channel_args(conda_tos: str, mirror_channel: str | None = None) -> list[str]:
+    """Extra ``conda create`` arguments: the mirror channel only when set, else per the ToS
+    policy (``accept`` needs none)."""
+    if mirror_channel:
+        return ["--override-channels", "-c", mirror_channel]
     return ["--override-channels", "-c", "conda-forge"] if conda_tos == "conda-forge" else []
+
+
+def condarc_text(channel: str) -> str:
+    """``PREFIX/.condarc`` naming the mirror channel as the only one (``defaults`` too)."""
+    return (
+        "# p40fleet: stack.mirror.conda_channel (written by deploy/python.py; edits are replaced)\n"
+        f"channels:\n  - {channel}\ndefault_channels:\n  - {channel}\n"
+    )
+
+
+@operation()
+def condarc(prefix: str, channel: str, user: str | None = None):
+    """
+    Write ``PREFIX/.condarc`` so that conda's channels are the mirror's only.
+
+    + prefix: Miniconda prefix (its root ``.condarc`` applies to every env of it)
+    + channel: the mirror channel URL
+    + user: run the commands as this user (``su``); None = as connected
+    """
+    path = f"{prefix.rstrip('/')}/.condarc"
+    text = condarc_text(channel)
+    if (host.get_fact(MarkerText, path=path) or "") == text.strip():
+        host.noop(f"{path} names only {channel}")
+        return
+    yield as_user(user, StringCommand("printf '%s'", QuoteString(text), ">", QuoteString(path)))
 
 
 @operation()
@@ -81,19 +115,29 @@ def miniconda(installer: str, prefix: str, force: bool = False, user: str | None
 
 
 @operation()
-def conda_tos(prefix: str, policy: str = "conda-forge", user: str | None = None):
+def conda_tos(
+    prefix: str,
+    policy: str = "conda-forge",
+    user: str | None = None,
+    mirror_channel: str | None = None,
+):
     """
     Accept Anaconda's ToS for the default channels once, where the installed conda checks it.
 
     + prefix: Miniconda prefix
     + policy: ``accept`` or ``conda-forge`` (nothing to accept: creates use conda-forge)
     + user: run the commands as this user (``su``); None = as connected
+    + mirror_channel: creates use this channel only: nothing to accept (``conda tos accept``
+      would fetch the terms from repo.anaconda.com)
 
     Decided from the installed conda (``conda tos --help``): without the plugin there is nothing
     to accept and ``conda tos`` would fail (``invalid choice: 'tos'``), so nothing runs. Before
     conda is installed (the installer runs earlier in this deploy) the same test runs on the
     host, just before accepting.
     """
+    if mirror_channel:
+        host.noop(f"env is created from the mirror channel {mirror_channel}: no ToS to accept")
+        return
     if policy != "accept":
         host.noop(f"conda ToS policy {policy}: env is created from conda-forge")
         return

@@ -586,8 +586,83 @@ class PythonEnv(BaseModel):
     model_dir: AbsPath = "/home/verl/models"
 
 
+_APT_WORD = r"[A-Za-z0-9][A-Za-z0-9._+~-]*"
+
+
+class AptMirror(BaseModel):
+    """The mirror's apt repository: one ``deb`` line in sources.list.d/p40fleet-mirror.list.
+
+    ``suite`` ending in ``/`` is a flat repository (``deb URL ./``, no components), as apt
+    defines it. apt checks signatures unless told not to: ``signed_by`` is the repository's key
+    file on the controller (binary ``.gpg`` or armored ``.asc``), which the deploy ships to
+    ``/etc/apt/keyrings/``; ``trusted: True`` (apt's ``[trusted=yes]``) turns the check off and
+    is never implied.
+    """
+
+    model_config = _FROZEN
+
+    url: BaseUrl
+    suite: Annotated[
+        str,
+        AfterValidator(
+            _pattern(
+                rf"{_APT_WORD}(/{_APT_WORD})*/?|\./?",
+                "expected an apt suite such as focal (or ./ for a flat repository)",
+            )
+        ),
+    ]
+    components: tuple[
+        Annotated[str, AfterValidator(_pattern(_APT_WORD, "expected a component such as main"))],
+        ...,
+    ] = ()
+    # More suites of the same repository, e.g. focal-updates and focal-security (where Ubuntu
+    # puts the headers of the kernels it updates): one more line each.
+    extra_suites: tuple[
+        Annotated[
+            str, AfterValidator(_pattern(_APT_WORD, "expected a suite such as focal-updates"))
+        ],
+        ...,
+    ] = ()
+    signed_by: AbsPath | None = None
+    trusted: bool = False
+
+    @model_validator(mode="after")
+    def _checks(self) -> AptMirror:
+        found: list[tuple[str, Any, str]] = []
+        flat = self.suite.endswith("/")
+        if flat and self.extra_suites:
+            found.append(("extra_suites", list(self.extra_suites), "expected none with a "
+                          "flat suite ending in '/' (a flat repository has one)"))  # fmt: skip
+        if flat and self.components:
+            found.append(("components", list(self.components), "expected no components with "
+                          "a flat suite ending in '/'"))  # fmt: skip
+        if not flat and not self.components:
+            found.append(("components", [], "expected at least one component such as main "
+                          "(or a flat suite such as ./)"))  # fmt: skip
+        if self.signed_by is not None and self.trusted:
+            found.append(("trusted", True, "expected trusted: False with signed_by (a signed "
+                          "repository is checked, not trusted)"))  # fmt: skip
+        elif self.signed_by is None and not self.trusted:
+            found.append(("signed_by", None, "expected the repository's key file on the "
+                          "controller (.gpg or .asc), or trusted: True to turn apt's "
+                          "signature check off for this mirror"))  # fmt: skip
+        elif self.signed_by is not None and not self.signed_by.endswith((".gpg", ".asc")):
+            found.append(("signed_by", self.signed_by, "expected a key file named *.gpg "
+                          "(binary) or *.asc (armored), as apt needs"))  # fmt: skip
+        elif self.signed_by is not None and not posixpath.isfile(self.signed_by):
+            found.append(("signed_by", self.signed_by, "expected an existing key file on the "
+                          "controller (gpg --export KEYID > FILE.gpg)"))  # fmt: skip
+        if found:
+            raise _Problems([Problem((field,), value, text) for field, value, text in found])
+        return self
+
+
 class Mirror(BaseModel):
-    """A local mirror; any part left None falls back to upstream."""
+    """A local mirror; any part left None falls back to upstream.
+
+    ``air_gapped``: the hosts reach nothing but the mirror, so every source must be mirrored and
+    the deploy moves the distribution's own apt sources aside (to /etc/apt/p40fleet-aside/).
+    """
 
     model_config = _FROZEN
 
@@ -595,6 +670,31 @@ class Mirror(BaseModel):
     pip_index_url: BaseUrl | None = None
     pip_find_links: Annotated[str, AfterValidator(_url_or_abs_path)] | None = None
     git_base_url: BaseUrl | None = None
+    apt: AptMirror | None = None
+    conda_channel: BaseUrl | None = None
+    air_gapped: bool = False
+
+    @model_validator(mode="after")
+    def _air_gapped_needs_all(self) -> Mirror:
+        if not self.air_gapped:
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("artifacts_url", self.artifacts_url),
+                ("pip_index_url", self.pip_index_url or self.pip_find_links),
+                ("git_base_url", self.git_base_url),
+                ("apt", self.apt),
+                ("conda_channel", self.conda_channel),
+            )
+            if value is None
+        ]
+        if missing:
+            what = {"apt": "an apt source (url, suite, ...)"}
+            raise _Problems([Problem((name,), None, f"expected {what.get(name, 'a mirror URL')}: "
+                                     "an air-gapped host has no other source (or set "
+                                     "air_gapped: False)") for name in missing])  # fmt: skip
+        return self
 
 
 class Policy(BaseModel):

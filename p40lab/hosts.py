@@ -333,7 +333,8 @@ _doubles_missing_logged = False
 
 def install_system_doubles(root: Path) -> bool:
     """``p40lab.doubles.install_system_doubles`` into a host's disk (update-initramfs, dkms,
-    /lib/modules/<release>, apt sources = the lab mirror), when the doubles package exists.
+    /lib/modules/<release>, apt sources = the distribution's archive, which a host cannot reach:
+    the deploy adds the mirror's), when the doubles package exists.
 
     Per host (upper layer), not in the base: the base stays independent of the doubles, and a
     reinstall brings them back like a real Ubuntu install brings its tools."""

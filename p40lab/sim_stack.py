@@ -8,6 +8,7 @@ without CUDA extensions. The real defaults in ``p40fleet/spec.py`` stay untouche
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,37 @@ def base_python_version(base: Path = st.BASE_DIR) -> str:
     return out.stdout.strip()
 
 
+def build_conda_channel(channel_dir: Path, python_version: str) -> dict[str, Any]:
+    """A conda channel (``<channel>/linux-64/repodata.json`` + ``noarch/repodata.json``) that
+    lists python ``python_version``: what the conda double resolves ``python=X.Y.Z`` from.
+    Only the index: the double builds envs from the host's python, it downloads no package."""
+    build = "h0_0_cpython"
+    record = {
+        "name": "python",
+        "version": python_version,
+        "build": build,
+        "build_number": 0,
+        "depends": [],
+        "license": "Python-2.0",
+        "subdir": "linux-64",
+    }
+    indexes = {
+        "linux-64": {f"python-{python_version}-{build}.conda": record},
+        "noarch": {},
+    }
+    for subdir, packages in indexes.items():
+        (channel_dir / subdir).mkdir(parents=True, exist_ok=True)
+        repodata = {
+            "info": {"subdir": subdir},
+            "packages": {},
+            "packages.conda": packages,
+            "removed": [],
+            "repodata_version": 1,
+        }
+        (channel_dir / subdir / "repodata.json").write_text(json.dumps(repodata, indent=1) + "\n")
+    return {"python": python_version}
+
+
 def build_python_mirror(mirror_dir: Path, base_url: str) -> dict[str, Any]:
     """Wheelhouse + verl and apex remotes under ``mirror_dir``; returns what the spec needs."""
     from p40lab.apex_remote import build_apex_remote
@@ -41,7 +73,8 @@ def build_python_mirror(mirror_dir: Path, base_url: str) -> dict[str, Any]:
     apex = build_apex_remote(mirror_dir / "git" / "apex.git", url=f"{base_url}/git/apex.git")
     for repo in ("verl.git", "apex.git"):  # dumb HTTP needs info/refs for the current tags
         subprocess.run(["git", "update-server-info"], cwd=mirror_dir / "git" / repo, check=True)
-    return {"wheels": wheels, "verl": verl, "apex": apex}
+    conda = build_conda_channel(mirror_dir / "conda", base_python_version())
+    return {"wheels": wheels, "verl": verl, "apex": apex, "conda": conda}
 
 
 def sim_stack(artifact_pins: dict[str, Any], python: dict[str, Any], base_url: str,
@@ -58,6 +91,11 @@ def sim_stack(artifact_pins: dict[str, Any], python: dict[str, Any], base_url: s
         "pip_index_url": python["wheels"]["pip_index_url"],
         "pip_find_links": None,
         "git_base_url": f"{base_url}/git",
+        # The hosts have no route out: apt and conda get the mirror's through the deploy (the
+        # image names only the unreachable archive). The flat repo is unsigned, hence trusted.
+        "apt": {"url": f"{base_url}/apt", "suite": "./", "trusted": True},
+        "conda_channel": f"{base_url}/conda",
+        "air_gapped": True,
     }
     stack["python_version"] = python_version
     stack["torch"] = {

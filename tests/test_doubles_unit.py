@@ -296,11 +296,11 @@ def test_install_system_doubles(tmp_path):
     (tmp_path / "etc/apt/sources.list.d").mkdir(parents=True)
     (tmp_path / "etc/apt/sources.list.d/debian.sources").write_text("Types: deb\n")
     doubles.install_system_doubles(tmp_path, "5.4.0-150-generic")
-    assert (
-        (tmp_path / "etc/apt/sources.list")
-        .read_text()
-        .endswith("deb [trusted=yes] http://10.231.0.1:8111/apt ./\n")
-    )
+    # the image names only the distribution's archive (unreachable from a lab host): the
+    # mirror's apt repo comes through the deploy (stack.mirror.apt)
+    sources = (tmp_path / "etc/apt/sources.list").read_text()
+    assert sources.endswith("deb http://deb.debian.org/debian bookworm main\n")
+    assert "10.231.0.1" not in sources
     assert not (tmp_path / "etc/apt/sources.list.d/debian.sources").exists()
     assert os.access(tmp_path / "usr/sbin/update-initramfs", os.X_OK)
     assert os.access(tmp_path / "usr/sbin/dkms", os.X_OK)
@@ -363,8 +363,26 @@ def minicondas(tmp_path_factory):
     return prefixes, host_py
 
 
+@pytest.fixture(scope="module")
+def channel(tmp_path_factory, minicondas):
+    """A file:// conda channel listing the host python (p40lab.sim_stack's mirror channel)."""
+    from p40lab.sim_stack import build_conda_channel
+
+    _, host_py = minicondas
+    root = tmp_path_factory.mktemp("channel")
+    build_conda_channel(root, host_py)
+    return f"file://{root}"
+
+
+# No route out, as on a lab host: the proxy variables (conda honours them too) point at a port
+# that refuses, so the internet channels fail at once whatever network the controller has.
+OFFLINE = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+CONNECTION_FAILED = "CondaHTTPError: HTTP 000 CONNECTION FAILED for url <"
+
+
 def conda(prefix: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != "CONDA_PLUGINS_AUTO_ACCEPT_TOS"}
+    environ |= OFFLINE
     return subprocess.run(
         [str(prefix / "bin/conda"), *args],
         capture_output=True, text=True, stdin=subprocess.DEVNULL, env=environ | env,
@@ -388,16 +406,53 @@ def test_conda_24_11_1_has_no_tos_subcommand(minicondas):
         assert r.stdout == ""
 
 
-def test_conda_24_11_1_creates_on_defaults_without_tos(minicondas):
+def test_conda_24_11_1_checks_no_tos_and_needs_a_reachable_channel(minicondas, channel):
     prefixes, host_py = minicondas
     prefix = prefixes["24.11.1"]
     r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y")
+    assert r.returncode == 1 and "CondaToS" not in r.stderr
+    assert r.stdout.rstrip().endswith("Collecting package metadata (repodata.json): failed")
+    assert f"{CONNECTION_FAILED}{DEFAULT_CHANNELS[0]}/linux-64/repodata.json>" in r.stderr
+    assert "'https//repo.anaconda.com/pkgs/main/linux-64'" in r.stderr  # conda's own last line
+    assert not (prefix / "envs/e").exists()
+    r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y", "--override-channels",
+              "-c", channel)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "CondaToS" not in r.stderr
     assert (prefix / "envs/e/bin/python").exists()
+    # a version the channel does not list is not found, as with real repodata
+    r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y", "--override-channels",
+              "-c", channel)  # fmt: skip
+    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+    assert f"{channel}/linux-64" in r.stderr
 
 
-def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas):
+def test_conda_condarc_channels_replace_the_defaults(minicondas, channel, tmp_path):
+    prefixes, host_py = minicondas
+    prefix = prefixes["24.11.1"]
+    from operations.conda import condarc_text
+
+    (prefix / ".condarc").write_text(condarc_text(channel))
+    try:
+        r = conda(prefix, "create", "-n", "rc", f"python={host_py}", "-y")
+        assert r.returncode == 0, r.stderr
+        history = (prefix / "envs/rc/conda-meta/history").read_text()
+        assert f"# channels: {channel}\n" in history
+        # default_channels is what "defaults" means: the mirror's index answers (no such python)
+        r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y", "--override-channels",
+                  "-c", "defaults")  # fmt: skip
+        assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+        assert f"  - {channel}/linux-64" in r.stderr and "repo.anaconda.com" not in r.stderr
+        missing = f"file://{tmp_path}/no-channel"
+        r = conda(prefix, "create", "-n", "rc", "python=3", "-y", "-c", missing)
+        assert (
+            r.returncode == 1
+            and f"{CONNECTION_FAILED}{missing}/linux-64/repodata.json>" in r.stderr
+        )
+    finally:
+        (prefix / ".condarc").unlink()
+
+
+def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas, channel):
     prefixes, host_py = minicondas
     prefix = prefixes["25.5.1"]
     assert conda(prefix, "--version").stdout.strip() == "conda 25.5.1"
@@ -407,19 +462,22 @@ def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas):
     assert r.returncode == 1
     assert r.stderr.startswith("CondaToSNonInteractiveError: Terms of Service have not been")
     assert all(c in r.stderr for c in DEFAULT_CHANNELS)
-    # conda-forge and the plugin's own switch get past the check (to the solver: no such python)
+    # conda-forge and the plugin's own switch get past the check (to the fetch: no route out)
     forge = ["--override-channels", "-c", "conda-forge"]
     r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y", *forge)
-    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
+    assert r.returncode == 1 and CONNECTION_FAILED in r.stderr and "CondaToS" not in r.stderr
     r = conda(prefix, "create", "-n", "x", "python=3.10.99", "-y",
               CONDA_PLUGINS_AUTO_ACCEPT_TOS="yes")  # fmt: skip
-    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
-    for channel in DEFAULT_CHANNELS:
-        r = conda(prefix, "tos", "accept", "--override-channels", "--channel", channel)
+    assert r.returncode == 1 and CONNECTION_FAILED in r.stderr and "CondaToS" not in r.stderr
+    for ch in DEFAULT_CHANNELS:
+        r = conda(prefix, "tos", "accept", "--override-channels", "--channel", ch)
         assert r.returncode == 0, r.stderr
     r = conda(prefix, "create", "-n", "e", f"python={host_py}", "-y")
-    assert r.returncode == 0, r.stderr
-    assert (prefix / "envs/e/bin/python").exists()
+    assert r.returncode == 1 and CONNECTION_FAILED in r.stderr and "CondaToS" not in r.stderr
+    # a mirror channel needs no ToS at all: its index answers (the solver finds no such python)
+    r = conda(prefix, "create", "-n", "e", "python=3.10.99", "-y", "--override-channels",
+              "-c", channel)  # fmt: skip
+    assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr and "CondaToS" not in r.stderr
 
 
 def test_conda_tos_fact_tells_the_doubles_apart(minicondas, tmp_path):

@@ -630,3 +630,58 @@ def test_local_hosts_need_no_host_key():
     inventory = Inventory((["@local"], {}))
     State(inventory, Config())
     assert host_key_problem(inventory.get_host("@local"), load_spec("@local", {})) is None
+
+
+# -- mirror: apt source and conda channel --------------------------------------------------------
+
+LAB_APT = {"url": "http://10.231.0.1:8111/apt", "suite": "./", "trusted": True}
+
+
+def test_mirror_apt_and_conda_channel_accepted(tmp_path):
+    spec = load_spec("lab1", {"mirror": {"apt": LAB_APT, "conda_channel": "http://m/conda/"}})
+    assert spec.mirror.apt.trusted and spec.mirror.apt.components == ()
+    assert spec.mirror.conda_channel == "http://m/conda"
+    key = tmp_path / "mirror.gpg"
+    key.write_bytes(b"key")
+    apt = {"url": "https://m/ubuntu", "suite": "focal", "components": ["main"],
+           "signed_by": str(key)}  # fmt: skip
+    assert load_spec("lab1", {"mirror": {"apt": apt}}).mirror.apt.signed_by == str(key)
+
+
+@pytest.mark.parametrize(
+    ("apt", "field", "words"),
+    [
+        # apt's signature check is never turned off unless the spec says trusted: True
+        ({"url": "http://m/apt", "suite": "./"}, "signed_by", "or trusted: True"),
+        ({"url": "http://m/apt", "suite": "./", "components": ["main"], "trusted": True},
+         "components", "no components with a flat suite"),
+        ({"url": "http://m/u", "suite": "focal", "trusted": True}, "components", "at least one"),
+        ({"url": "http://m/u", "suite": "focal", "components": ["main"],
+          "signed_by": "/nonexistent/mirror.gpg"}, "signed_by", "existing key file"),
+        ({"url": "http://m/u", "suite": "focal", "components": ["main"],
+          "signed_by": "/etc/hostname"}, "signed_by", "*.gpg (binary) or *.asc"),
+        ({"url": "http://m/u", "suite": "focal", "components": ["main"], "trusted": True,
+          "signed_by": "/k.gpg"}, "trusted", "trusted: False with signed_by"),
+        ({"url": "ftp://m/u", "suite": "./", "trusted": True}, "url", "http:// or https://"),
+        ({"url": "http://m/u", "suite": "focal main", "trusted": True}, "suite", "apt suite"),
+        ({"url": "http://m/u", "suite": "./", "extra_suites": ["x"], "trusted": True},
+         "extra_suites", "expected none with a flat suite"),
+    ],
+)  # fmt: skip
+def test_bad_mirror_apt_names_host_and_field(apt, field, words):
+    error = refused({"mirror": {"apt": apt}}, host="lab2")
+    assert error.host == "lab2"
+    line = next(line for line in error.lines() if f"stack.mirror.apt.{field} =" in line)
+    assert line.startswith("host lab2: ") and words in line
+
+
+def test_air_gapped_mirror_needs_every_source():
+    error = refused({"mirror": {"air_gapped": True, "artifacts_url": "http://m/a"}})
+    fields = [field for field, _, _ in error.problems]
+    assert fields == ["stack.mirror.pip_index_url", "stack.mirror.git_base_url",
+                      "stack.mirror.apt", "stack.mirror.conda_channel"]  # fmt: skip
+    assert all("air-gapped host has no other source" in line for line in error.lines())
+    full = {"air_gapped": True, "artifacts_url": "http://m/a", "pip_index_url": "http://m/s",
+            "git_base_url": "http://m/git", "apt": LAB_APT,
+            "conda_channel": "http://m/c"}  # fmt: skip
+    assert load_spec("lab1", {"mirror": full}).mirror.air_gapped

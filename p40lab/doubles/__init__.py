@@ -47,10 +47,14 @@ def sources_hash() -> str:
 
 
 def sources_list(mirror_base: str = DEFAULT_MIRROR_BASE) -> str:
+    """The image's own apt source: the distribution's archive, unreachable from a lab host (no
+    route out), as on a real air-gapped host. The mirror's apt repo (``<mirror_base>/apt``)
+    reaches hosts only through the deploy (``stack.mirror.apt``, deploy/system.py).
+    ``mirror_base`` is kept for callers; the image no longer names the mirror."""
+    del mirror_base
     return (
-        "# p40lab: hosts have no route out; the only package source is the lab mirror's\n"
-        "# flat apt repo (linux-headers-<uname -r>, build-essential)\n"
-        f"deb [trusted=yes] {mirror_base.rstrip('/')}/apt ./\n"
+        "# the distribution's archive, as installed; a lab host has no route to it\n"
+        "deb http://deb.debian.org/debian bookworm main\n"
     )
 
 
@@ -62,8 +66,8 @@ def install_system_doubles(
     ``update-initramfs`` (``-u`` touches /var/lib/p40lab-sim/initramfs-updated), ``dkms``
     (``dkms status`` lists /var/lib/dkms), ``systemctl`` + its boot hook (service units,
     enabled ones started at boot), ``/lib/modules/<kernel_release>/`` (empty, as on a
-    machine whose kernel is installed) and ``/etc/apt/sources.list`` pointing only at the lab
-    mirror's apt repo (Debian's own sources are removed: hosts have no route out).
+    machine whose kernel is installed) and ``/etc/apt/sources.list`` naming only the
+    distribution's archive, which a lab host cannot reach (the deploy adds the mirror).
     Returns the paths written.
     """
     rootfs = Path(rootfs)

@@ -16,6 +16,12 @@ Real behaviours reproduced (docs/stack-facts.md §4):
   * `env list [--json]`, `env remove -n NAME -y` / `remove -n NAME --all -y`, `run -n NAME CMD`,
     `info [--json|--envs]`, `tos accept|view|--help` (plugin only),
     `config --add/--remove/--set/--show`, `list -n NAME [PKG]`, `--version`.
+  * channels are fetched like conda fetches them: `<channel>/<subdir>/repodata.json` for
+    linux-64 and noarch (http(s):// or file://; the proxy variables apply). An unreachable
+    channel fails the create with conda 24's CondaHTTPError text (HTTP 000 CONNECTION FAILED,
+    exit 1; text as in conda/conda issues #13866, #9948), so a host with no route out and no
+    mirror channel fails as a real one does; python=X.Y.Z is found only when a channel's
+    repodata lists it (and the double can only build the host python's version).
 Error messages and exit codes follow conda's. Package solving is not simulated.
 """
 
@@ -24,6 +30,8 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 CONDA_VERSION = "@CONDA_VERSION@"
 PREFIX = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +63,8 @@ def err(text):
 def channel_url(c):
     c = c.rstrip("/")
     if c in ("defaults",):
-        return DEFAULTS
+        # condarc's default_channels replaces what "defaults" means (a mirror's way)
+        return [x.rstrip("/") for x in read_condarc().get("default_channels") or []] or DEFAULTS
     if c in ("main", "r"):
         return [f"https://repo.anaconda.com/pkgs/{c}"]
     if "://" in c:
@@ -195,6 +204,48 @@ def subdirs(chans):
     return [f"{c}/{s}" for c in chans for s in ("linux-64", "noarch")]
 
 
+def http_error(url, code, reason):
+    """conda 24's CondaHTTPError for a repodata URL (its odd last line included)."""
+    subdir = url.rsplit("/", 1)[0]
+    lines = [
+        "",
+        f"CondaHTTPError: HTTP {code} {reason} for url <{url}>",
+        "Elapsed: -",
+        "",
+        "An HTTP error occurred when trying to retrieve this URL.",
+        "HTTP errors are often intermittent, and a simple retry will get you on your way.",
+    ]
+    if "repo.anaconda.com" in url:
+        lines += [
+            "",
+            "If your current network has https://www.anaconda.com blocked, please file",
+            "a support request with your network engineering team.",
+            "",
+        ]
+    lines += [repr(subdir.replace("://", "//", 1)), ""]
+    err("\n".join(lines))
+    return 1
+
+
+def fetch_repodata(chans):
+    """(python versions the channels list, None) or (None, exit code after conda's error)."""
+    versions = set()
+    for sub in subdirs(chans):
+        url = f"{sub}/repodata.json"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                data = json.loads(resp.read().decode())
+        except urllib.error.HTTPError as e:
+            return None, http_error(url, e.code, str(e.reason).upper())
+        except (OSError, ValueError):
+            return None, http_error(url, "000", "CONNECTION FAILED")
+        for key in ("packages", "packages.conda"):
+            for rec in (data.get(key) or {}).values():
+                if rec.get("name") == "python":
+                    versions.add(rec.get("version", ""))
+    return versions, None
+
+
 def cmd_create(argv):
     opts, rest = parse(argv, {"-n", "--name", "-p", "--prefix", "-c", "--channel"})
     name = one(opts, "-n", "--name")
@@ -221,16 +272,22 @@ def cmd_create(argv):
     prefix = env_prefix(name, path)
     if not quiet:
         out("Channels:")
-        for c in cli_ch or ["defaults"]:
+        for c in cli_ch or read_condarc().get("channels") or ["defaults"]:
             out(f" - {c}")
         out("Platform: linux-64")
+    available, code = fetch_repodata(chans)
+    if available is None:
+        if not quiet:
+            out("Collecting package metadata (repodata.json): failed")
+        return code
+    if not quiet:
         out("Collecting package metadata (repodata.json): done")
     if py is not None:
         want = py.split("=", 1)[1].lstrip("=") if "=" in py else HOST_PY
         ok = want in (HOST_PY, ".".join(HOST_PY.split(".")[:2]), HOST_PY.split(".")[0]) or (
             want.endswith("*") and HOST_PY.startswith(want.rstrip("*").rstrip("."))
         )
-        if not ok:
+        if not ok or HOST_PY not in available:
             if not quiet:
                 out("Solving environment: failed\n")
             lines = [

@@ -25,6 +25,7 @@ DRIVER = mirror.driver_filename(mirror.DRIVER_VERSION)
 OLD_DRIVER = mirror.driver_filename(mirror.EXTRA_DRIVER_VERSIONS[0])
 CUDA = mirror.CUDA_FILENAME
 MINICONDA = mirror.MINICONDA_FILENAME
+CHANNEL = f"{mirror.BASE_URL}/conda"  # the mirror's conda channel (p40lab.sim_stack)
 
 
 def sh(lab, host, cmd, ok=True):
@@ -45,7 +46,13 @@ def drop_headers(lab, host):
 
 
 def install_headers(lab, host):
-    sh(lab, host, "apt-get update -qq && apt-get install -y -qq linux-headers-$(uname -r)")
+    """The image names only the unreachable archive: write the mirror's source as the deploy
+    does (deploy/system.py, stack.mirror.apt, air-gapped), then install the headers."""
+    source = shlex.quote(f"deb [trusted=yes] {mirror.BASE_URL}/apt ./")
+    sh(lab, host, f"echo {source} > /etc/apt/sources.list.d/p40fleet-mirror.list && "
+       "mkdir -p /etc/apt/p40fleet-aside && { [ ! -f /etc/apt/sources.list ] || "
+       "mv /etc/apt/sources.list /etc/apt/p40fleet-aside/; } && "
+       "apt-get update -qq && apt-get install -y -qq linux-headers-$(uname -r)")  # fmt: skip
 
 
 # ------------------------------------------------------------------ apt / headers
@@ -180,10 +187,16 @@ def test_conda_flow(lab):
     # 24.11.1 predates the ToS plugin: no `conda tos`, and create on the defaults checks nothing
     r = sh(lab, host, f"{conda} tos --help", ok=False)
     assert r.returncode == 2 and "invalid choice: 'tos'" in r.stderr
+    # no route out: conda-forge and the defaults fail as real conda does; the mirror answers
     r = sh(lab, host, f"{conda} create -n x python=3.10.99 -y --override-channels -c conda-forge",
            ok=False)  # fmt: skip
+    assert r.returncode == 1 and "CondaHTTPError: HTTP 000 CONNECTION FAILED" in r.stderr
+    r = sh(lab, host, create, ok=False)
+    assert r.returncode == 1 and "repo.anaconda.com/pkgs/main/linux-64/repodata.json" in r.stderr
+    r = sh(lab, host, f"{conda} create -n x python=3.10.99 -y --override-channels -c {CHANNEL}",
+           ok=False)  # fmt: skip
     assert r.returncode == 1 and "PackagesNotFoundError" in r.stderr
-    sh(lab, host, create)
+    sh(lab, host, f"{create} --override-channels -c {CHANNEL}")
     r = sh(lab, host, f"{conda} run -n verl-p40 python -c 'import sys; print(sys.prefix)'")
     assert r.stdout.strip() == "/root/mc/envs/verl-p40"
     assert "/root/mc/envs/verl-p40" in sh(lab, host, f"{conda} env list --json").stdout
@@ -206,4 +219,6 @@ def test_conda_tos_plugin_flow(lab):
     assert r.returncode == 1 and "CondaToSNonInteractiveError" in r.stderr
     for ch in ("https://repo.anaconda.com/pkgs/main", "https://repo.anaconda.com/pkgs/r"):
         sh(lab, host, f"{conda} tos accept --override-channels --channel {shlex.quote(ch)}")
-    sh(lab, host, create)
+    r = sh(lab, host, create, ok=False)  # accepted; the defaults are still out of reach
+    assert r.returncode == 1 and "CondaHTTPError" in r.stderr and "CondaToS" not in r.stderr
+    sh(lab, host, f"{create} --override-channels -c {CHANNEL}")

@@ -172,6 +172,41 @@ def test_second_run_changes_nothing_and_downloads_nothing(fleet):
     assert second.bytes_served == 0  # the model and data archives included
 
 
+def test_air_gapped_hosts_use_the_mirror_only_and_restore_its_apt_source(fleet):
+    """The image names only the unreachable archive and its conda has no channel it can reach:
+    the fleet converged because the deploy pointed apt and conda at the mirror, and only it."""
+    lab = fleet["lab"]
+    base = mirror.BASE_URL
+    listed = (
+        "cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+        "/etc/apt/sources.list.d/*.sources 2>/dev/null | grep -E '^(deb|URIs)' || true"
+    )
+    rc = "/home/verl/miniconda3/.condarc"
+    for name in PROVISIONED:
+        assert lab.ssh(name, listed).stdout.splitlines() == [f"deb [trusted=yes] {base}/apt ./"]
+        aside = lab.ssh(name, "cat /etc/apt/p40fleet-aside/sources.list", check=True).stdout
+        assert "deb.debian.org" in aside  # moved aside, not deleted
+        condarc = lab.ssh(name, f"cat {rc}", check=True).stdout
+        urls = [line.strip("- ").strip() for line in condarc.splitlines() if "://" in line]
+        assert urls == [f"{base}/conda", f"{base}/conda"], condarc  # channels, default_channels
+        history = lab.ssh(name, "cat /home/verl/miniconda3/envs/verl-p40/conda-meta/history",
+                          check=True).stdout  # fmt: skip
+        assert f"# channels: {base}/conda\n" in history  # the env came from the mirror
+    # without a channel it can reach, this conda fails as a real one does
+    r = lab.ssh("lab1", "su verl -c '/home/verl/miniconda3/bin/conda create -n x python=3 -y "
+                "--override-channels -c conda-forge'")  # fmt: skip
+    assert r.returncode == 1 and "CondaHTTPError: HTTP 000 CONNECTION FAILED" in r.stderr
+    lab.ssh("lab1", "rm /etc/apt/sources.list.d/p40fleet-mirror.list", check=True)
+    t0 = time.monotonic()
+    restored = full("--limit", "lab1", deploy="deploy/system.py")
+    assert restored.returncode == 0, restored.output[-3000:]
+    assert restored.changed_operations("lab1") == [
+        f"apt source: the mirror {base}/apt ./"
+    ], restored.output[-3000:]  # fmt: skip
+    assert lab.ssh("lab1", listed).stdout.splitlines() == [f"deb [trusted=yes] {base}/apt ./"]
+    print(f"deploy/system.py --limit lab1 (apt source restored): {time.monotonic() - t0:.1f} s")
+
+
 def test_removed_data_file_fails_verify_then_is_restaged_from_the_cache(fleet):
     lab, reports = fleet["lab"], fleet["reports"]
     data = f"/home/verl/data/{lab.state['stack']['training']['data']['name']}"

@@ -1,0 +1,231 @@
+"""The mirror's apt source and conda channel: facts in, commands out (tests/opharness.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from email.utils import formatdate
+from pathlib import Path
+
+import pytest
+
+from facts.apt_source import MIRROR_LIST, AptSources, AptSourceState
+from facts.python_env import MarkerText
+from operations import apt_source, conda
+from tests.opharness import at, run_op
+
+URL = "http://10.231.0.1:8111/apt"
+LINE = f"deb [trusted=yes] {URL} ./"
+LIST_TEXT = f"# p40fleet: header\n{LINE}\n"
+OTHERS = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/debian.sources")
+
+
+def _mirror(state: AptSourceState, **kw):
+    args = {"url": URL, "suite": "./", "trusted": True} | kw
+    key_path = apt_source.key_dest(args["key_file"]) if args.get("key_file") else None
+    return run_op(apt_source.mirror, facts={at(AptSources, key_path=key_path): state}, **args)
+
+
+def test_source_line_signed_trusted_or_plain():
+    assert apt_source.source_line(URL, "./", trusted=True) == LINE
+    signed = apt_source.source_line("http://m/ubuntu", "focal", ["main", "universe"], "/k/m.asc")
+    assert (
+        signed
+        == "deb [signed-by=/etc/apt/keyrings/p40fleet-mirror.asc] http://m/ubuntu focal main "
+        "universe"
+    )
+    # neither: apt checks signatures against its own keyrings (never trusted=yes by default)
+    assert apt_source.source_line("http://m/u", "focal", ["main"]) == "deb http://m/u focal main"
+
+
+def test_absent_source_is_written_then_apt_updated():
+    result = _mirror(AptSourceState())
+    assert result.commands[:2] == [f"upload {MIRROR_LIST}", f"chmod 644 {MIRROR_LIST}"]
+    assert result.uploads[MIRROR_LIST].splitlines()[1] == LINE
+    assert result.commands[-1].startswith("apt-get update -q || { echo ")
+    assert "exit 1; }" in result.commands[-1]
+
+
+def test_second_run_changes_nothing():
+    first = _mirror(AptSourceState())
+    again = _mirror(AptSourceState(mirror_list=first.uploads[MIRROR_LIST]))
+    assert not again.changed and URL in again.noops[0]
+
+
+def test_extra_suites_one_line_each():
+    suites = {"suite": "focal", "components": ["main"], "extra_suites": ["focal-updates"]}
+    text = _mirror(AptSourceState(), **suites).uploads[MIRROR_LIST]
+    assert text.splitlines()[1:] == [
+        f"deb [trusted=yes] {URL} focal main",
+        f"deb [trusted=yes] {URL} focal-updates main",
+    ]
+    assert not _mirror(AptSourceState(mirror_list=text), **suites).changed
+
+
+def test_edited_or_removed_source_restored():
+    for state in (AptSourceState(mirror_list="deb http://elsewhere/ ./\n"), AptSourceState()):
+        result = _mirror(state)
+        assert f"upload {MIRROR_LIST}" in result.commands
+        assert result.commands[-1].startswith("apt-get update")
+
+
+def test_air_gapped_moves_distribution_sources_aside():
+    text = _mirror(AptSourceState()).uploads[MIRROR_LIST]
+    result = _mirror(AptSourceState(mirror_list=text, others=OTHERS), air_gapped=True)
+    assert result.commands == [
+        "mkdir -p /etc/apt/p40fleet-aside",
+        "mv --backup=numbered /etc/apt/sources.list /etc/apt/p40fleet-aside",
+        "mv --backup=numbered /etc/apt/sources.list.d/debian.sources /etc/apt/p40fleet-aside",
+        result.commands[-1],
+    ]
+    assert result.commands[-1].startswith("apt-get update")
+    assert any("air-gapped" in line for line in result.logs)
+
+
+def test_not_air_gapped_keeps_distribution_sources():
+    text = _mirror(AptSourceState()).uploads[MIRROR_LIST]
+    result = _mirror(AptSourceState(mirror_list=text, others=OTHERS))
+    assert not result.changed
+
+
+def test_signed_by_key_shipped_once(tmp_path):
+    key = tmp_path / "mirror.gpg"
+    key.write_bytes(b"\x99binary key")
+    dest = "/etc/apt/keyrings/p40fleet-mirror.gpg"
+    args = {"suite": "focal", "components": ["main"], "key_file": str(key), "trusted": False}
+    result = _mirror(AptSourceState(), **args)
+    assert result.commands[:3] == ["mkdir -p -m 755 /etc/apt/keyrings", f"upload {dest}",
+                                   f"chmod 644 {dest}"]  # fmt: skip
+    assert f"deb [signed-by={dest}] {URL} focal main" in result.uploads[MIRROR_LIST]
+    text = result.uploads[MIRROR_LIST]
+    sha = hashlib.sha256(key.read_bytes()).hexdigest()
+    again = _mirror(AptSourceState(mirror_list=text, key_sha256=sha), **args)
+    assert not again.changed
+    # a new key on the controller (the mirror re-keyed): shipped again, apt updated
+    changed = _mirror(AptSourceState(mirror_list=text, key_sha256="0" * 64), **args)
+    assert f"upload {dest}" in changed.commands and changed.commands[-1].startswith("apt-get")
+
+
+def test_fact_reads_list_key_and_other_sources(tmp_path):
+    """The fact's shell, run against a fake /etc/apt (paths rewritten into tmp)."""
+    apt = tmp_path / "etc/apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    (apt / "sources.list").write_text("deb http://deb.debian.org/debian bookworm main\n")
+    (apt / "sources.list.d/debian.sources").write_text("Types: deb\nURIs: http://x\n")
+    (apt / "sources.list.d/comments.list").write_text("# deb http://old ./\n")
+    (apt / "sources.list.d/p40fleet-mirror.list").write_text(LIST_TEXT)
+    key = tmp_path / "k.gpg"
+    key.write_bytes(b"key")
+    command = str(AptSources().command(key_path=str(key))).replace("/etc/apt", str(apt))
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
+    state = AptSources().process(out.stdout.splitlines())
+    assert state.mirror_list == LIST_TEXT
+    assert state.key_sha256 == hashlib.sha256(b"key").hexdigest()
+    assert state.others == (str(apt / "sources.list"), str(apt / "sources.list.d/debian.sources"))
+    (apt / "sources.list.d/p40fleet-mirror.list").unlink()
+    command = str(AptSources().command()).replace("/etc/apt", str(apt))
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
+    assert AptSources().process(out.stdout.splitlines()) == AptSourceState(others=state.others)
+
+
+# -- conda from the mirror channel ----------------------------------------------------------
+
+PREFIX = "/home/verl/miniconda3"
+CHANNEL = "http://10.231.0.1:8111/conda"
+
+
+def test_mirror_channel_overrides_every_other_channel():
+    assert conda.channel_args("conda-forge", CHANNEL) == ["--override-channels", "-c", CHANNEL]
+    assert conda.channel_args("accept", CHANNEL) == ["--override-channels", "-c", CHANNEL]
+    assert conda.channel_args("accept") == []
+
+
+def test_condarc_written_once_as_the_user():
+    rc = f"{PREFIX}/.condarc"
+    result = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
+                    facts={at(MarkerText, path=rc): None})  # fmt: skip
+    (command,) = result.commands
+    assert command.startswith("su -s /bin/sh verl -c ") and rc in command
+    text = conda.condarc_text(CHANNEL)
+    assert [line.strip() for line in text.splitlines()[1:]] == [
+        "channels:", f"- {CHANNEL}", "default_channels:", f"- {CHANNEL}"
+    ]  # fmt: skip
+    again = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
+                   facts={at(MarkerText, path=rc): text.strip()})  # fmt: skip
+    assert not again.changed
+
+
+@pytest.mark.parametrize("policy", ["accept", "conda-forge"])
+def test_no_tos_step_with_a_mirror_channel(policy):
+    result = run_op(conda.conda_tos, prefix=PREFIX, policy=policy, mirror_channel=CHANNEL)
+    assert not result.changed and CHANNEL in result.noops[0]
+
+
+# -- the signed-by line with real apt: checked, never trusted ---------------------------------
+
+needs_apt_gpg = pytest.mark.skipif(
+    not (shutil.which("apt-get") and shutil.which("gpg")), reason="needs apt-get and gpg"
+)
+
+
+def _signing_key(home: Path, name: str) -> Path:
+    """A fresh ed25519 signing key in GNUPGHOME ``home``; returns its exported keyring."""
+    home.mkdir(mode=0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key",
+                    f"{name} <{name}@localhost>", "ed25519", "sign", "never"],
+                   check=True, capture_output=True, env=env)  # fmt: skip
+    keyring = home.parent / f"{name}.gpg"
+    keyring.write_bytes(subprocess.run(["gpg", "--export"], check=True, capture_output=True,
+                                       env=env).stdout)  # fmt: skip
+    return keyring
+
+
+def _apt_update(tmp: Path, line: str) -> subprocess.CompletedProcess:
+    """``apt-get update`` with only ``line`` as its source, all state under ``tmp``."""
+    for d in ("parts", "lists/partial", "cache/archives/partial"):
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    (tmp / "sources.list").write_text(line + "\n")
+    options = {"Dir::Etc::SourceList": tmp / "sources.list", "Dir::Etc::SourceParts": tmp / "parts",
+               "Dir::State::Lists": tmp / "lists", "Dir::Cache": tmp / "cache",
+               "Debug::NoLocking": "1"}  # fmt: skip
+    argv = ["apt-get", "update"] + [a for k, v in options.items() for a in ("-o", f"{k}={v}")]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+@needs_apt_gpg
+def test_signed_by_line_makes_apt_check_the_mirror_key(tmp_path, request):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "Packages").write_text("")
+    subprocess.run(["gzip", "-k9n", str(repo / "Packages")], check=True)
+    sums = "".join(
+        f" {hashlib.sha256((repo / f).read_bytes()).hexdigest()} {(repo / f).stat().st_size} {f}\n"
+        for f in ("Packages", "Packages.gz")
+    )
+    (repo / "Release").write_text(f"Origin: t\nDate: {formatdate(usegmt=True)}\nSHA256:\n{sums}")
+    key = _signing_key(tmp_path / "gnupg", "mirror")
+    other = _signing_key(tmp_path / "gnupg2", "other")
+    for home in ("gnupg", "gnupg2"):  # gpg started an agent per home: stop it with the test
+        request.addfinalizer(
+            lambda home=home: subprocess.run(["gpgconf", "--kill", "gpg-agent"], check=False,
+                                             env={**os.environ, "GNUPGHOME": str(tmp_path / home)})
+        )  # fmt: skip
+    subprocess.run(["gpg", "--batch", "--yes", "--clearsign", "-o", str(repo / "InRelease"),
+                    str(repo / "Release")], check=True, capture_output=True,
+                   env={**os.environ, "GNUPGHOME": str(tmp_path / "gnupg")})  # fmt: skip
+
+    def line(keyring: Path | None, trusted: bool = False) -> str:
+        # the operation's line, with the host's key path pointed at this test's keyring
+        text = apt_source.source_line(f"file://{repo}", "./", (), "/k/m.gpg" if keyring else None,
+                                      trusted)  # fmt: skip
+        return text.replace(apt_source.key_dest("/k/m.gpg"), str(keyring))
+
+    ok = _apt_update(tmp_path / "ok", line(key))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for bad in (line(other), line(None)):  # the wrong key, or no key and not trusted: refused
+        refused = _apt_update(tmp_path / f"bad{len(bad)}", bad)
+        assert refused.returncode == 100, refused.stdout + refused.stderr
+        assert "NO_PUBKEY" in refused.stderr or "not signed" in refused.stderr, refused.stderr
