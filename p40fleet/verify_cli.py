@@ -123,6 +123,10 @@ def _json_arg(value: str | None, option: str = "--json") -> Path | None:
 def pyinfra_command(inventory: str, limits: Sequence[str] = ()) -> list[str]:
     """The pyinfra command line the CLI runs."""
     command = [sys.executable, "-m", "pyinfra", "-y", inventory, str(DEPLOY)]
+    if not inventory.startswith("@") and not Path(inventory).is_file():
+        # A host list carries no host data: pyinfra's default would trust the first key it
+        # sees (accept-new). Strict checking holds for host lists too (security S17).
+        command += ["--data", "ssh_strict_host_key_checking=yes"]
     for limit in limits:
         command += ["--limit", limit]
     return command

@@ -199,11 +199,21 @@ def test_pass_report_but_pyinfra_failed_is_1(fake_pyinfra, monkeypatch, capsys):
     assert "pyinfra exited 1" in capsys.readouterr().err
 
 
-def test_pyinfra_command_line():
-    command = verify_cli.pyinfra_command("/x/inv.py", ["lab1", "lab2"])
+def test_a_host_list_is_checked_strictly_too():
+    """S17: pyinfra's default for hosts without data is accept-new (trust the first key)."""
+    command = verify_cli.pyinfra_command("p40-01,p40-02")
+    assert command[-2:] == ["--data", "ssh_strict_host_key_checking=yes"]
+    assert "--data" not in verify_cli.pyinfra_command(str(REPO / "inventories" / "sim.py"))
+    assert "--data" not in verify_cli.pyinfra_command("@local")
+
+
+def test_pyinfra_command_line(tmp_path):
+    inventory = tmp_path / "inv.py"
+    inventory.write_text("hosts = []\n")
+    command = verify_cli.pyinfra_command(str(inventory), ["lab1", "lab2"])
     assert command[:4] == [sys.executable, "-m", "pyinfra", "-y"]
     assert command[4:] == [
-        "/x/inv.py",
+        str(inventory),
         str(REPO / "deploy" / "verify.py"),
         "--limit",
         "lab1",
