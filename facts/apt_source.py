@@ -48,7 +48,7 @@ class AptSources(FactBase[AptSourceState]):
     def command(self, key_path: str | None = None) -> StringCommand:
         key = QuoteString(key_path or "/nonexistent")
         return StringCommand(
-            f"echo '{_MARK} list'; cat {MIRROR_LIST} 2>/dev/null;",
+            f"echo '{_MARK} list'; head -c 65536 {MIRROR_LIST} 2>/dev/null;",
             f"echo '{_MARK} key';",
             "sha256sum",
             key,

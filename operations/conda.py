@@ -85,7 +85,7 @@ def condarc(prefix: str, channel: str, user: str | None = None):
     """
     path = f"{prefix.rstrip('/')}/.condarc"
     text = condarc_text(channel)
-    if (host.get_fact(MarkerText, path=path) or "") == text.strip():
+    if (host.get_fact(MarkerText, path=path, user=user) or "") == text.strip():
         host.noop(f"{path} names only {channel}")
         return
     yield as_user(user, StringCommand("printf '%s'", QuoteString(text), ">", QuoteString(path)))

@@ -145,7 +145,7 @@ def test_mirror_channel_overrides_every_other_channel():
 def test_condarc_written_once_as_the_user():
     rc = f"{PREFIX}/.condarc"
     result = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
-                    facts={at(MarkerText, path=rc): None})  # fmt: skip
+                    facts={at(MarkerText, path=rc, user="verl"): None})  # fmt: skip
     (command,) = result.commands
     assert command.startswith("su -s /bin/sh verl -c ") and rc in command
     text = conda.condarc_text(CHANNEL)
@@ -153,7 +153,7 @@ def test_condarc_written_once_as_the_user():
         "channels:", f"- {CHANNEL}", "default_channels:", f"- {CHANNEL}"
     ]  # fmt: skip
     again = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
-                   facts={at(MarkerText, path=rc): text.strip()})  # fmt: skip
+                   facts={at(MarkerText, path=rc, user="verl"): text.strip()})  # fmt: skip
     assert not again.changed
 
 

@@ -75,7 +75,8 @@ def test_every_fact_that_takes_a_home_path_runs_as_the_training_user():
     path argument) has a ``user`` argument, and with paths under the home its command touches
     them only through the privilege drop."""
     # stat, df and bounded reads of root's own files (artifact cache, /etc, the CUDA dir)
-    root_side = {"ArtifactState", "CudnnHeaderVersion", "FileStampFact", "FreeSpace", "PathDevice"}
+    root_side = {"ArtifactState", "CudnnHeaderVersion", "FileStampFact", "FreeSpace", "PathDevice",
+                 "RunLock"}  # fmt: skip
     checked = []
     for cls in _project_facts():
         params = set(inspect.signature(cls.command).parameters) - {"self"}
@@ -115,6 +116,7 @@ def test_operations_ask_their_home_facts_with_the_training_user():
         (conda.miniconda, {"installer": "/var/cache/m.sh", "prefix": SPEC.env.conda_prefix}),
         (conda.conda_tos, {"prefix": SPEC.env.conda_prefix, "policy": "accept"}),
         (conda.env, {"prefix": SPEC.env.conda_prefix, "env_name": "e", "python_version": "3"}),
+        (conda.condarc, {"prefix": SPEC.env.conda_prefix, "channel": "http://m/conda"}),
         (torch.torch, {"python": PY, "version": "2.13.0+cpu", "lock_dest": "/c/torch.txt",
                        "lock": str(REPO / "files" / "torch-requirements-lab.txt")}),
         (verl.checkout, {"path": f"{HOME}/verl", "remote": "http://m/v.git", "ref": "v",
