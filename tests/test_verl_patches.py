@@ -316,10 +316,11 @@ def test_verl_remote_clone_tags_and_version(tmp_path):
 def _pins(name: str) -> dict[str, str]:
     pins = {}
     for line in (ROOT / "files" / name).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            pkg, _, ver = line.partition("==")
-            assert ver, f"{name}: {line!r} is not pinned with =="
+        line = line.split(" #", 1)[0].strip() if not line.startswith("#") else ""
+        if line and not line.startswith("--"):  # --hash=... options (hash-locked files)
+            pkg, _, rest = line.partition("==")
+            assert rest, f"{name}: {line!r} is not pinned with =="
+            ver = rest.split()[0].rstrip("\\")  # the hashes follow the version
             pins[pkg.split("[", 1)[0].lower()] = ver  # ray[default]==... pins ray
     return pins
 
