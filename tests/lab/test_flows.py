@@ -303,13 +303,20 @@ def test_reinstall_keeps_home_and_reconverges(fleet):
     assert not any("Conda env" in op or "Build the Apex" in op for op in changed), changed
     for name in ("lab1", "lab3"):
         assert result.changed_operations(name) == [LAUNCH_SCRIPT], name
-    # Fetched again: only what the reinstall wiped from lab2's artifact cache (/var/cache) and
-    # the system layer needs, each once. Not the Apex wheel (controller cache), Miniconda, pip
-    # wheels, verl's git or the training archives (their products live under the kept /home).
+    # Fetched again: only what the reinstall wiped from lab2's system disk, each once: the four
+    # pinned artifacts of the host cache (/var/cache/p40fleet; the Miniconda installer too, the
+    # cache keeps every pin although conda itself survived under /home) and the mirror's apt
+    # index (the apt source under /etc/apt is written again). Not the Apex wheel (controller
+    # cache), pip wheels, verl's git or the training archives (their products are under /home).
     fetched = fetched_by(lab, "lab2", since)
+    wiped = (*SYSTEM_ARTIFACTS, lab.state["stack"]["miniconda"]["filename"])
     sizes = {f"/artifacts/{n}": (mirror.MIRROR_DIR / "artifacts" / n).stat().st_size
-             for n in SYSTEM_ARTIFACTS}  # fmt: skip
-    assert fetched == sizes, fetched
+             for n in wiped}  # fmt: skip
+    apt_index = {path for path in fetched if path.startswith("/apt/")}
+    apt_files = {"/apt/./Release", "/apt/./Release.gpg", "/apt/./InRelease", "/apt/./Packages.gz",
+                 "/apt/./Packages"}  # fmt: skip
+    assert apt_index and apt_index <= apt_files, fetched
+    assert {p: n for p, n in fetched.items() if p not in apt_index} == sizes, fetched
     assert fetched_by(lab, "lab1", since) == {} and fetched_by(lab, "lab3", since) == {}
 
 

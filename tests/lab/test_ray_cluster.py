@@ -41,7 +41,8 @@ def active_nodes(lab) -> tuple[str, ...]:
 def node_id(lab, name: str) -> str:
     """This host's raylet node id, read as the verify check reads it (facts/ray.py)."""
     fact = RayStatus()
-    out = lab.ssh(name, fact.command(ray=RAY, address=ADDRESS, temp_dir="/tmp/ray"), timeout=90)
+    command = fact.command(ray=RAY, address=ADDRESS, temp_dir="/tmp/ray", user="verl")
+    out = lab.ssh(name, command, timeout=90)
     return fact.process(out.stdout.splitlines()).node_id
 
 
