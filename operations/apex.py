@@ -30,7 +30,6 @@ Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import tarfile
@@ -45,7 +44,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.python_env import EnvDistributions, MarkerText
-from operations.preflight import refuse
+from operations.preflight import refuse_option_ref
 from operations.progress import Stopwatch
 from operations.torch import pip_command
 from operations.training_user import as_user, mkdir_as
@@ -161,13 +160,7 @@ def controller_wheel(key: str, cache_dir: str | None = None) -> str:
     return os.path.join(base, "apex", key, WHEEL_TAR)
 
 
-def sha256_of(path: str) -> str:
-    """sha256 of a local file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+sha256_of = controller.sha256_file  # the controller's copy of the wheel tar
 
 
 def _recorded_sum(path: str) -> str | None:
@@ -245,12 +238,8 @@ def build_wheel(
     if not needed:
         host.noop("apex wheel: built by another host or already on the controller")
         return
-    if ref.startswith("-"):  # an option to git; `git checkout` has no --end-of-options (2.39)
-        yield from refuse._inner(
-            step="apex build",
-            reason=f"ref {ref!r} starts with '-': git would read it as an option",
-            remedy="set stack.apex.ref to the tag or branch name, e.g. 25.09",
-        )
+    if ref.startswith("-"):
+        yield from refuse_option_ref("apex build", ref, "stack.apex.ref", "25.09")
         return
     tar = f"{work_dir}/{WHEEL_TAR}"
     src, wheels, log = f"{work_dir}/src", f"{work_dir}/wheels", f"{work_dir}/build.log"

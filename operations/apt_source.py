@@ -10,7 +10,6 @@ route out. ``apt-get update`` runs only when something here changed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from io import StringIO
 
@@ -18,6 +17,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.apt_source import APT_DIR, MIRROR_KEY_DIR, MIRROR_LIST, AptSources
+from p40fleet import controller
 
 __all__ = ["ASIDE_DIR", "key_dest", "mirror", "source_line"]
 
@@ -42,11 +42,6 @@ def source_line(
     option = f"signed-by={key_dest(key_file)}" if key_file else "trusted=yes" if trusted else ""
     parts = ["deb", *([f"[{option}]"] if option else []), url, suite, *components]
     return " ".join(parts)
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
 
 
 @operation()
@@ -79,7 +74,7 @@ def mirror(
                 f"stack.mirror.apt.signed_by {key_file}: no such key file on the controller; "
                 "export it there (gpg --export KEYID > FILE.gpg) and re-run"
             )
-        if state.key_sha256 != _sha256(key_file):
+        if state.key_sha256 != controller.sha256_file(key_file):
             yield StringCommand("mkdir -p -m 755", QuoteString(MIRROR_KEY_DIR))
             yield FileUploadCommand(key_file, dest)
             yield StringCommand("chmod 644", QuoteString(dest))

@@ -42,7 +42,7 @@ from pyinfra.api import FunctionCommand, operation
 from operations import run_lock
 from p40fleet.spec import SpecError, StackSpec, host_key_problem, spec_for_host
 
-__all__ = ["refusal_message", "refuse", "validated_spec"]
+__all__ = ["refusal_message", "refuse", "refuse_option_ref", "validated_spec"]
 
 logger = logging.getLogger("pyinfra")
 
@@ -141,3 +141,13 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
             name="Refuse: stack spec",
         )
         return None
+
+
+def refuse_option_ref(step: str, ref: str, field: str, example: str):
+    """The refusal of a git ref that starts with '-' (git would read it as an option, and
+    ``git checkout`` has no ``--end-of-options``): a generator for ``yield from``."""
+    return refuse._inner(
+        step=step,
+        reason=f"ref {ref!r} starts with '-': git would read it as an option",
+        remedy=f"set {field} to the tag or branch name, e.g. {example}",
+    )

@@ -16,7 +16,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
-from operations.preflight import refuse
+from operations.preflight import refuse, refuse_option_ref
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as
 
@@ -97,12 +97,8 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     patches; local edits and untracked files in the new commit's way stop the host with their
     file names, never clobbered (and the checkout runs without -f).
     """
-    if ref.startswith("-"):  # an option to git; `git checkout` has no --end-of-options (2.39)
-        yield from refuse._inner(
-            step="verl checkout",
-            reason=f"ref {ref!r} starts with '-': git would read it as an option",
-            remedy="set stack.verl.ref to the tag or branch name, e.g. v0.5.0",
-        )
+    if ref.startswith("-"):
+        yield from refuse_option_ref("verl checkout", ref, "stack.verl.ref", "v0.5.0")
         return
     state = host.get_fact(GitCheckout, path=path, user=user)
     q_path = QuoteString(path)
