@@ -4,119 +4,39 @@
 
 Runs after deploy/system.py. Everything under the training user's home runs as that user
 (``_su_user``). A second run reports no changes; changing the verl ref re-runs only the verl
-steps; Apex is compiled on one host per build key and installed from that wheel everywhere.
+steps; Apex is compiled on one host per build key (``operations/apex_fleet.py`` elects it) and
+installed from that wheel everywhere. Per host: refusals, then the values every step needs
+(this host's facts read once), then the numbered steps.
 """
 
 from __future__ import annotations
 
 import os
-import posixpath
 
 from pyinfra import host, local, state
 from pyinfra.operations import files
 
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
-from facts.python_env import EnvDistributions, MarkerText, env_dir, env_python
-from operations import apex, artifacts, conda, torch, training_user, verl
+from facts.python_env import env_dir, env_python
+from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
 from operations.preflight import refuse, validated_spec
+from p40fleet import apex_build, verl_patches
 from p40fleet.preflight import verl_refusal
 from p40fleet.profile import summarize_host
-from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.spec import StackSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = os.path.join(REPO, "files")
 
 
-def env_fresh(spec: StackSpec) -> bool:
-    """The env is (re)created by this run: installed-package facts no longer hold."""
-    reason = conda.env_rebuild_reason(
-        spec.env.conda_prefix, spec.env.name, spec.python_version, spec.user.name
-    )
-    return reason is not None or "env" in spec.policy.force_reinstall
-
-
-def needs_apex(target, spec: StackSpec, key: str) -> bool:
-    """Whether host ``target`` must install apex at ``key`` in this run (from its facts)."""
-    with _on(target):
-        if env_fresh(spec) or "apex" in spec.policy.force_reinstall:
-            return True
-        key_file = f"{env_dir(spec.env.conda_prefix, spec.env.name)}/{apex.KEY_FILE}"
-        python = env_python(spec.env.conda_prefix, spec.env.name)
-        if target.get_fact(MarkerText, path=key_file, user=spec.user.name) != key:
-            return True
-        return "apex" not in target.get_fact(EnvDistributions, python=python, user=spec.user.name)
-
-
-class _on:
-    """Make ``host`` (pyinfra's context) point at another inventory host for a fact lookup."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def __enter__(self):
-        from pyinfra.context import ctx_host
-
-        self._cm = ctx_host.use(self.target)
-        self._cm.__enter__()
-
-    def __exit__(self, *exc):
-        return self._cm.__exit__(*exc)
-
-
-def apex_builders() -> dict[str, str]:
-    """``{build key: builder host}`` for this run, computed once from every active host."""
-    cached = getattr(state, "_p40fleet_apex_builders", None)
-    if cached is not None:
-        return cached
-    candidates = []
-    # Inventory order (get_active_hosts() is a set): the builder is the same every run.
-    for target in [h for h in state.inventory if h in state.inventory.get_active_hosts()]:
-        try:
-            target_spec = spec_for_host(target)
-        except SpecError:
-            continue  # refused by preflight: runs no Python layer
-        gpus = target.get_fact(PciGpus)
-        summary = summarize_host(gpus, allow_maxwell=target_spec.policy.allow_maxwell)
-        if not summary.ok:
-            continue
-        key = apex.build_for(target_spec, gpus).key
-        if apex.controller_wheel_ok(apex.controller_wheel(key))[0]:
-            continue  # on the controller, matching its recorded sum: nobody builds
-        if needs_apex(target, target_spec, key):
-            candidates.append((target.name, key))
-    builders = apex.choose_builders(candidates)
-    state._p40fleet_apex_builders = builders
-    return builders
-
-
-def verl_ruleset_json(spec: StackSpec, profile: str) -> str:
-    """The patch rule set for (ref, profile) from p40fleet.verl_patches, as JSON text."""
-    from p40fleet import verl_patches
-
-    return verl_patches.ruleset_json(spec.verl.ref, profile)
-
-
-def requirements_variant(spec: StackSpec) -> str:
-    """spec.verl.requirements when set; else v0.5.0 for a CUDA torch pin, lab otherwise."""
-    variant = spec.verl.requirements
-    if variant:
-        return variant
-    return "v0.5.0" if apex.cuda_ext_default(spec.torch.version) else "lab"
-
-
 def deploy(spec: StackSpec) -> None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
-    # Commands run as the training user (su); facts run as root and drop to that user for
-    # anything under its home (p40fleet/privdrop.py), answering "missing" while it does not
-    # exist yet (a fresh host: facts are gathered before the user is created).
-    as_user = {"user": user.name}
-    python = env_python(env.conda_prefix, env.name)
-    the_env = env_dir(env.conda_prefix, env.name)
-    cache = f"{user.home}/.cache/p40fleet"
     gpus = host.get_fact(PciGpus)
     summary = summarize_host(gpus, allow_maxwell=spec.policy.allow_maxwell)
+    # 0. Refuse what cannot work: GPUs outside the stack; a ref without rules for this profile
+    # (62549582 on Pascal) is this host's refusal, not a VerlPatchError for the whole run.
     if not summary.ok:
         refuse(
             name="Refuse: Python layer",
@@ -125,8 +45,6 @@ def deploy(spec: StackSpec) -> None:
             remedy="run deploy/facts.py and fix what it reports",
         )
         return
-    # A ref without rules for this profile (62549582 on Pascal) is this host's refusal, not a
-    # VerlPatchError for the whole run when this deploy runs on its own.
     unserved = verl_refusal(spec.verl.ref, summary)
     if unserved is not None:
         refuse(
@@ -136,6 +54,32 @@ def deploy(spec: StackSpec) -> None:
             remedy=unserved.remedy,
         )
         return
+
+    # Commands run as the training user (su); facts run as root and drop to that user for
+    # anything under its home (p40fleet/privdrop.py), answering "missing" while it does not
+    # exist yet (a fresh host: facts are gathered before the user is created).
+    as_user = {"user": user.name}
+    python = env_python(env.conda_prefix, env.name)
+    the_env = env_dir(env.conda_prefix, env.name)
+    cache = f"{user.home}/.cache/p40fleet"
+    mirror_channel = spec.mirror.conda_channel if spec.mirror is not None else None
+    # The env (re)created in this run: what the facts saw installed in it no longer holds.
+    fresh = conda.env_fresh(
+        env.conda_prefix, env.name, spec.python_version, user.name, force="env" in force
+    )
+    variant = verl.requirements_variant(spec.verl.requirements, spec.torch.version)
+    requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
+    build = apex_build.for_spec(spec, gpus)
+    key = build.key
+    work = apex_build.host_work_dir(user.home, key)
+    host_tar = f"{work}/{apex_build.WHEEL_TAR}"
+    local_tar = apex_build.controller_wheel(key)
+    wheel_sum = apex_build.host_sum(spec.paths.artifact_cache, key)  # root-owned
+    needed = apex.needed(python, the_env, key, user.name, fresh_env=fresh, force="apex" in force)
+    builder = apex_fleet.builder(state, key) if needed else None
+    builds_here = builder == host.name
+    jobs = apex_build.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal))
+    moving = verl.checkout_moves(env.verl_checkout, spec.verl.commit, user.name)
 
     # 1. Training user: fixed uid, so a reinstalled OS gets the same owner for the kept /home.
     training_user.queued_hosts(state).add(host.name)
@@ -164,7 +108,6 @@ def deploy(spec: StackSpec) -> None:
         force="miniconda" in force,
         **as_user,
     )
-    mirror_channel = spec.mirror.conda_channel if spec.mirror is not None else None
     if mirror_channel:
         conda.condarc(
             name=f"{env.conda_prefix}/.condarc: the mirror channel only",
@@ -181,7 +124,6 @@ def deploy(spec: StackSpec) -> None:
     )
 
     # 3. The env: kept while its python runs at the pin, else removed and created again.
-    fresh = env_fresh(spec)
     conda.env(
         name=f"Conda env {env.name} (python {spec.python_version})",
         prefix=env.conda_prefix,
@@ -193,7 +135,6 @@ def deploy(spec: StackSpec) -> None:
     )
 
     # 4. torch trio and its closure from the variant's hash-locked file (--require-hashes).
-    variant = requirements_variant(spec)
     torch.torch(
         name=f"torch {spec.torch.version}",
         python=python,
@@ -212,14 +153,6 @@ def deploy(spec: StackSpec) -> None:
     )
 
     # 5. Apex: one build per key and fleet (the builder), a wheel for everyone.
-    build = apex.build_for(spec, gpus)
-    key = build.key
-    work = apex.host_work_dir(user.home, key)
-    host_tar = posixpath.join(work, apex.WHEEL_TAR)
-    local_tar = apex.controller_wheel(key)
-    builder = apex_builders().get(key)
-    needed = needs_apex(state.inventory.get_host(host.name), spec, key)
-    builds_here = needed and builder == host.name
     # The same three operations on every host, so pyinfra orders them alike everywhere:
     # the builder's build and copy-back happen before anyone's upload.
     apex.build_wheel(
@@ -231,7 +164,7 @@ def deploy(spec: StackSpec) -> None:
         work_dir=work,
         cuda_home=spec.paths.cuda_dir,
         arch_list=build.arch_list,
-        max_jobs=apex.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal)),
+        max_jobs=jobs,
         cuda_ext=build.cuda_ext,
         needed=builds_here,
         **as_user,
@@ -250,15 +183,11 @@ def deploy(spec: StackSpec) -> None:
         builder=builder,
         needed=needed and not builds_here,
     )
-    wheel_sum = f"{spec.paths.artifact_cache}/apex-{key}.sha256"  # root-owned, not the user's
     apex.put_sum(
         name="Upload the Apex wheel's recorded sha256",
         local_tar=local_tar,
         remote_sum=wheel_sum,
         needed=needed,
-    )
-    verify = "import torch, apex, apex_C" + (
-        ", amp_C, fused_layer_norm_cuda" if build.cuda_ext else ""
     )
     apex.install(
         name=f"Apex {spec.apex.ref} ({key})",
@@ -266,7 +195,7 @@ def deploy(spec: StackSpec) -> None:
         wheel_tar=host_tar,
         key=key,
         env_dir=the_env,
-        verify=verify,
+        verify=build.verify_code,
         sha256_file=wheel_sum,
         fresh_env=fresh,
         force="apex" in force,
@@ -274,7 +203,6 @@ def deploy(spec: StackSpec) -> None:
     )
 
     # 6. verl: pinned checkout, patched for this host's profile, deps pinned, --no-deps -e.
-    moving = verl_checkout_moves(spec)
     verl.checkout(
         name=f"verl checkout at {spec.verl.ref}",
         path=env.verl_checkout,
@@ -288,12 +216,11 @@ def deploy(spec: StackSpec) -> None:
         python=python,
         checkout=env.verl_checkout,
         script_src=os.path.join(FILES, "verl_patch.py"),
-        rules_json=verl_ruleset_json(spec, summary.profile),
+        rules_json=verl_patches.ruleset_json(spec.verl.ref, summary.profile),
         work_dir=f"{cache}/verl-patch",
         checkout_changes=moving,
         **as_user,
     )
-    requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
     if not os.path.isfile(requirements):
         refuse(
             name="Refuse: verl requirements",
@@ -321,16 +248,6 @@ def deploy(spec: StackSpec) -> None:
         checkout_changes=moving,
         force="verl" in force,
         **as_user,
-    )
-
-
-def verl_checkout_moves(spec: StackSpec) -> bool:
-    """The verl checkout is not at the pinned commit yet (so patch + install must re-run)."""
-    from facts.python_env import GitCheckout
-
-    return (
-        host.get_fact(GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head
-        != spec.verl.commit
     )
 
 

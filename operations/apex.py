@@ -1,9 +1,8 @@
 """Apex: built once per fleet and build key, then installed from the wheel on every host.
 
-A build key names everything the compiled wheel depends on: apex commit, torch pin, CUDA
-toolkit (or ``none`` without CUDA extensions), the GPU arches present (TORCH_CUDA_ARCH_LIST),
-the env's python minor (cp tag) and the extension set. Per key and pyinfra run, exactly one
-host builds (:func:`choose_builders`: the first host of the inventory that needs that key):
+The build key and its arithmetic are ``p40fleet/apex_build.py``. Per key and pyinfra run,
+exactly one host builds (``operations/apex_fleet.builder``: the first host of the inventory
+that needs that key):
 
     builder:  build_wheel -> fetch_wheel (files.get to the controller cache)
     others:   put_wheel (files.put from the controller cache)
@@ -31,15 +30,9 @@ Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch
 from __future__ import annotations
 
 import os
-import re
-import tarfile
-import zipfile
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-from packaging.version import Version
 from pyinfra import host
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
@@ -48,162 +41,45 @@ from operations.preflight import refuse_option_ref
 from operations.progress import Stopwatch
 from operations.torch import pip_command
 from operations.training_user import as_user, mkdir_as
-from p40fleet import controller
-from p40fleet.spec import StackSpec
+from p40fleet.apex_build import (
+    KEY_FILE,
+    WHEEL_TAR,
+    complete_wheel_tar,
+    controller_wheel_ok,
+    recorded_sum,
+    sha256_of,
+)
 
 __all__ = [
-    "KEY_FILE",
-    "WHEEL_TAR",
-    "ApexBuild",
-    "arch_list",
     "build_wheel",
-    "choose_builders",
-    "controller_wheel",
-    "controller_wheel_ok",
-    "cuda_ext_default",
     "fetch_wheel",
-    "host_work_dir",
     "install",
-    "max_jobs",
+    "needed",
     "put_sum",
     "put_wheel",
-    "sha256_of",
 ]
 
-#: Name of the key file in the env dir: the build key of the installed apex.
-KEY_FILE = ".p40fleet-apex-key"
-#: The built wheel travels as a tar holding exactly one ``apex-*.whl`` (its name is only known
-#: after the build; the tar's name is fixed so files.get/put can name it beforehand).
-WHEEL_TAR = "apex-wheel.tar"
-#: Peak memory of one nvcc job compiling apex's CUDA kernels is roughly 2-4 GiB.
-GIB_PER_JOB = 4
 
+def needed(
+    python: str,
+    env_dir: str,
+    key: str,
+    user: str | None,
+    fresh_env: bool = False,
+    force: bool = False,
+    target: Host | None = None,
+) -> bool:
+    """Whether ``target`` (default: this host) must install apex at ``key`` in this run.
 
-def arch_list(capabilities: Iterable[tuple[int, int]]) -> str:
-    """TORCH_CUDA_ARCH_LIST of the arches present, sorted: ``"6.1"``, ``"6.0;6.1"``."""
-    return ";".join(f"{major}.{minor}" for major, minor in sorted(set(capabilities)))
-
-
-def max_jobs(cpus: int | None, mem_bytes: int | None) -> int:
-    """MAX_JOBS = min(cpus, memory GiB // 4), at least 1 (unknown values do not limit)."""
-    limits = []
-    if cpus:
-        limits.append(cpus)
-    if mem_bytes:
-        limits.append(mem_bytes // (GIB_PER_JOB * 1024**3))
-    return max(1, min(limits)) if limits else 1
-
-
-def cuda_ext_default(torch_version: str) -> bool:
-    """CUDA extensions only for a CUDA torch build (local label ``cuXYZ``): a CPU torch has none."""
-    return (Version(torch_version).local or "").lower().startswith("cu")
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9.+_-]+", "-", text).strip("-")
-
-
-@dataclass(frozen=True)
-class ApexBuild:
-    """Everything the compiled wheel depends on; ``key`` names it (a directory-safe string)."""
-
-    ref: str
-    commit: str
-    torch: str
-    cuda: str | None  # toolkit version when cuda_ext, else None
-    arch_list: str
-    python: str  # X.Y (the wheel's cp tag)
-    cuda_ext: bool
-
-    @property
-    def key(self) -> str:
-        arches = self.arch_list.replace(";", "-") or "none"
-        exts = "cpp+cuda" if self.cuda_ext else "cpp"
-        return _safe(
-            f"{self.ref}-{self.commit[:12]}_torch{self.torch}_cuda{self.cuda or 'none'}"
-            f"_sm{arches}_py{self.python}_{exts}"
-        )
-
-
-def build_for(spec: StackSpec, gpus: Iterable) -> ApexBuild:
-    """The Apex build a host needs: its GPUs' arches, the torch/CUDA pins, python X.Y."""
-    cuda_ext = spec.apex.cuda_ext
-    if cuda_ext is None:
-        cuda_ext = cuda_ext_default(spec.torch.version)
-    return ApexBuild(
-        ref=spec.apex.ref,
-        commit=spec.apex.commit,
-        torch=spec.torch.version,
-        cuda=spec.cuda.version if cuda_ext else None,
-        arch_list=arch_list(g.model.compute_capability for g in gpus if g.model),
-        python=".".join(spec.python_version.split(".")[:2]),
-        cuda_ext=cuda_ext,
-    )
-
-
-def choose_builders(candidates: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """``{key: host}`` from ``(host, key)`` pairs in inventory order: the first host per key."""
-    builders: dict[str, str] = {}
-    for name, key in candidates:
-        builders.setdefault(key, name)
-    return builders
-
-
-def host_work_dir(home: str, key: str) -> str:
-    """The build/transfer dir for ``key`` under the training user's home."""
-    return f"{home.rstrip('/')}/.cache/p40fleet/apex/{key}"
-
-
-def controller_wheel(key: str, cache_dir: str | None = None) -> str:
-    """The controller's copy of the wheel tar, under :func:`p40fleet.controller.cache_dir`."""
-    base = os.path.expanduser(cache_dir) if cache_dir else str(controller.cache_dir())
-    return os.path.join(base, "apex", key, WHEEL_TAR)
-
-
-sha256_of = controller.sha256_file  # the controller's copy of the wheel tar
-
-
-def _recorded_sum(path: str) -> str | None:
-    try:
-        with open(path) as handle:
-            text = handle.read().split()
-    except OSError:
-        return None
-    return text[0].lower() if text and re.fullmatch(r"[0-9a-fA-F]{64}", text[0]) else None
-
-
-def controller_wheel_ok(local_tar: str) -> tuple[bool, str]:
-    """(ok, why): the controller's tar exists and matches the sum recorded next to it."""
-    if not os.path.isfile(local_tar):
-        return False, f"{local_tar} is not on the controller"
-    want = _recorded_sum(f"{local_tar}.sha256")
-    if want is None:
-        return False, f"{local_tar} has no recorded sha256 ({local_tar}.sha256)"
-    got = sha256_of(local_tar)
-    if got != want:
-        return (
-            False,
-            f"{local_tar} has sha256 {got}, its recorded sum is {want} (truncated or swapped)",
-        )
-    return True, f"{local_tar} matches its recorded sha256 {want}"
-
-
-def _complete_wheel_tar(path: str) -> str | None:
-    """None when ``path`` is a tar of exactly one readable ``apex-*.whl``; else what is wrong."""
-    try:
-        with tarfile.open(path) as tar:
-            members = tar.getmembers()
-            names = [m.name for m in members]
-            if len(members) != 1 or not re.fullmatch(r"apex-[^/]*\.whl", names[0]):
-                return f"holds {names}, not exactly one apex-*.whl"
-            handle = tar.extractfile(members[0])
-            if handle is None:
-                return f"{names[0]} is not a file"
-            with zipfile.ZipFile(handle) as wheel:
-                bad = wheel.testzip()
-            return f"{names[0]}: {bad} is corrupt" if bad else None
-    except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError) as exc:
-        return f"not a complete wheel tar ({exc})"
+    + python, env_dir, key, user, fresh_env, force: as :func:`install` takes them
+    + target: another inventory host, for the builder election (its own facts)
+    """
+    if fresh_env or force:
+        return True
+    on = host if target is None else target
+    if on.get_fact(MarkerText, path=f"{env_dir.rstrip('/')}/{KEY_FILE}", user=user) != key:
+        return True
+    return "apex" not in on.get_fact(EnvDistributions, python=python, user=user)
 
 
 @operation()
@@ -230,7 +106,7 @@ def build_wheel(
     + work_dir: per-key dir (``src/``, ``wheels/``, ``build.log``, the tar)
     + cuda_home: CUDA toolkit for ``--cuda_ext`` (must match torch.version.cuda)
     + arch_list: TORCH_CUDA_ARCH_LIST, only the arches present
-    + max_jobs: MAX_JOBS for the compiler (see :func:`max_jobs`)
+    + max_jobs: MAX_JOBS for the compiler (``p40fleet.apex_build.max_jobs``)
     + cuda_ext: build the CUDA extensions too
     + user: run the commands as this user (``su``); None = as connected
     + needed: False when this host is not the build key's builder in this run (no-op)
@@ -364,12 +240,12 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
         )
 
     def _record(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
-        want, got = _recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
+        want, got = recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
         problem = None
         if want is None or got != want:
             problem = f"copy has sha256 {got}, the build wrote {want} (cut short or swapped)"
         else:
-            problem = _complete_wheel_tar(part)
+            problem = complete_wheel_tar(part)
         if problem:
             host.log_styled(
                 f"host {host.name}: apex wheel fetch: {remote_tar}: {problem} — fix: re-run "

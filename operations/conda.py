@@ -18,7 +18,7 @@ A mirror channel (``stack.mirror.conda_channel``) replaces both: ``conda create
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import Host, QuoteString, StringCommand, operation
 
 from facts.python_env import (
     ENV_OK,
@@ -41,6 +41,7 @@ __all__ = [
     "condarc",
     "condarc_text",
     "env",
+    "env_fresh",
     "env_rebuild_reason",
     "miniconda",
 ]
@@ -186,13 +187,18 @@ def conda_tos(
         yield as_user(user, command)
 
 
-def env_rebuild_reason(prefix: str, name: str, python_version: str, user: str | None) -> str | None:
+def env_rebuild_reason(
+    prefix: str, name: str, python_version: str, user: str | None, target: Host | None = None
+) -> str | None:
     """Why the env must be (re)created, from the ``EnvPython`` fact; ``None`` when healthy.
 
-    Later steps (torch, apex, verl) call this too: an env recreated in this run is empty, so
-    their "already installed" facts gathered before it no longer hold.
+    Later steps (torch, apex, verl) call this too (:func:`env_fresh`): an env recreated in this
+    run is empty, so their "already installed" facts gathered before it no longer hold.
+    ``target``: another inventory host (the Apex builder election); default this host.
     """
-    state = host.get_fact(EnvPython, prefix=prefix, env_name=name, user=user)
+    state = (host if target is None else target).get_fact(
+        EnvPython, prefix=prefix, env_name=name, user=user
+    )
     if state.state == "missing":
         return f"env {name} does not exist"
     if state.state != ENV_OK:
@@ -200,6 +206,20 @@ def env_rebuild_reason(prefix: str, name: str, python_version: str, user: str | 
     if state.version != python_version:
         return f"env {name} has python {state.version}, the spec pins {python_version}"
     return None
+
+
+def env_fresh(
+    prefix: str,
+    name: str,
+    python_version: str,
+    user: str | None,
+    force: bool = False,
+    target: Host | None = None,
+) -> bool:
+    """The env is (re)created by this run (:func:`env` with these arguments): the installed-
+    package facts gathered before it no longer hold. ``target``: as :func:`env_rebuild_reason`."""
+    reason = env_rebuild_reason(prefix, name, python_version, user, target)
+    return reason is not None or force
 
 
 @operation()

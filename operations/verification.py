@@ -21,8 +21,8 @@ from pyinfra.api.state import BaseStateCallback
 from facts.gpu import PciGpus
 from facts.python_env import env_dir, env_python
 from facts.verify import VerifyProbe
-from operations import apex, artifacts, cudnn, training
-from p40fleet import report
+from operations import artifacts, cudnn, training
+from p40fleet import apex_build, report
 from p40fleet.checks import FAIL, Check, host_verdict, run_checks
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
@@ -45,7 +45,7 @@ def probe_arguments(spec: StackSpec, target: TrainingTarget) -> dict[str, Any]:
             spec.paths.cudnn_extract_dir, artifacts.artifact_path(spec, "cudnn")
         ),
         "python": env_python(env.conda_prefix, env.name),
-        "apex_key_file": f"{env_dir(env.conda_prefix, env.name)}/{apex.KEY_FILE}",
+        "apex_key_file": f"{env_dir(env.conda_prefix, env.name)}/{apex_build.KEY_FILE}",
         "verl_checkout": env.verl_checkout,
         "verl_ref": spec.verl.ref,
         "patch_record": f"{env.verl_checkout.rstrip('/')}/{RECORD_NAME}",
@@ -57,7 +57,7 @@ def expected_apex_key(spec: StackSpec, gpus: list) -> str | None:
     """The Apex build key deploy/python.py installs on a host with these GPUs."""
     if not any(g.model for g in gpus):
         return None
-    return apex.build_for(spec, gpus).key
+    return apex_build.for_spec(spec, gpus).key
 
 
 def checks_for(

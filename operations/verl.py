@@ -19,14 +19,17 @@ from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatc
 from operations.preflight import refuse, refuse_option_ref
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as
+from p40fleet.apex_build import cuda_ext_default
 
 __all__ = [
     "PATCH_EXIT",
     "REQUIREMENTS_MARKER",
     "checkout",
+    "checkout_moves",
     "install",
     "patch",
     "requirements",
+    "requirements_variant",
 ]
 
 #: Exit codes of files/verl_patch.py.
@@ -80,6 +83,19 @@ if in_the_way:
 if changed:
     git("checkout", "--", *changed)
 """.strip()
+
+
+def requirements_variant(configured: str | None, torch_version: str) -> str:
+    """The ``files/*-requirements-<variant>.txt`` pair: ``stack.verl.requirements`` when set;
+    else v0.5.0 for a CUDA torch pin, lab otherwise."""
+    if configured:
+        return configured
+    return "v0.5.0" if cuda_ext_default(torch_version) else "lab"
+
+
+def checkout_moves(path: str, commit: str, user: str | None) -> bool:
+    """This host's verl checkout is not at ``commit`` yet (so patch + install must re-run)."""
+    return host.get_fact(GitCheckout, path=path, user=user).head != commit
 
 
 @operation()

@@ -27,6 +27,7 @@ from facts.python_env import (
     VerlPatchCheck,
 )
 from operations import apex, conda, torch, training_user, verl
+from p40fleet import apex_build
 from tests.opharness import run_op
 
 PREFIX = "/home/verl/miniconda3"
@@ -284,50 +285,6 @@ def test_torch_lab_without_vision_audio_and_fresh_env():
 # -- apex ----------------------------------------------------------------------------------
 
 
-def test_arch_list_only_present_arches():
-    assert apex.arch_list([(6, 1)] * 4) == "6.1"
-    assert apex.arch_list([(6, 1), (6, 0), (6, 1)]) == "6.0;6.1"
-
-
-def test_max_jobs_rule():
-    gib = 1024**3
-    assert apex.max_jobs(16, 32 * gib) == 8  # memory-bound: 32 GiB // 4
-    assert apex.max_jobs(4, 128 * gib) == 4  # cpu-bound
-    assert apex.max_jobs(8, 2 * gib) == 1  # at least one
-    assert apex.max_jobs(None, None) == 1
-
-
-def test_cuda_ext_from_torch_pin():
-    assert apex.cuda_ext_default("2.6.0+cu118") is True
-    assert apex.cuda_ext_default("2.13.0+cpu") is False
-
-
-def _build(**kw):
-    base = dict(
-        ref="25.09",
-        commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
-        torch="2.6.0+cu118",
-        cuda="11.8.0",
-        arch_list="6.1",
-        python="3.10",
-        cuda_ext=True,
-    )
-    return apex.ApexBuild(**{**base, **kw})
-
-
-def test_build_key_changes_with_inputs():
-    key = _build().key
-    assert key == "25.09-4bdecd06b3c4_torch2.6.0+cu118_cuda11.8.0_sm6.1_py3.10_cpp+cuda"
-    assert _build(arch_list="6.0;6.1").key != key and _build(torch="2.6.1+cu118").key != key
-
-
-def test_choose_builders_one_host_per_key():
-    builders = apex.choose_builders(
-        [("lab1", "A"), ("lab2", "A"), ("lab3", "B"), ("lab4", "A"), ("lab5", "B")]
-    )
-    assert builders == {"A": "lab1", "B": "lab3"}
-
-
 def _build_op(cuda_ext=True, tar=None):
     return run_op(
         apex.build_wheel,
@@ -418,7 +375,7 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
     os.makedirs(os.path.dirname(local), exist_ok=True)  # files.get may have made it
     # the copy was cut short: the builder's sum does not match, nothing is recorded
     _wheel_tar(local + ".part")
-    full = apex.sha256_of(local + ".part")
+    full = apex_build.sha256_of(local + ".part")
     with open(local + ".part", "r+b") as handle:
         handle.truncate(1000)
     open(local + ".part.sha256", "w").write(full + "\n")
@@ -428,22 +385,25 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
     _wheel_tar(local + ".part")
     open(local + ".part.sha256", "w").write(full + "\n")
     assert record(None, LOG_HOST) is True
-    assert apex.controller_wheel_ok(local) == (True, f"{local} matches its recorded sha256 {full}")
+    assert apex_build.controller_wheel_ok(local) == (
+        True,
+        f"{local} matches its recorded sha256 {full}",
+    )
 
 
 def test_controller_tar_whose_recorded_sum_does_not_match_is_refused(tmp_path):
     """S8: the controller's copy swapped (or cut) after its sum was recorded."""
     local = _wheel_tar(str(tmp_path / "apex-wheel.tar"))
-    open(local + ".sha256", "w").write(apex.sha256_of(local) + "  apex-wheel.tar\n")
-    assert apex.controller_wheel_ok(local)[0]
+    open(local + ".sha256", "w").write(apex_build.sha256_of(local) + "  apex-wheel.tar\n")
+    assert apex_build.controller_wheel_ok(local)[0]
     _wheel_tar(local, payload=b"someone else's code")
-    ok, why = apex.controller_wheel_ok(local)
+    ok, why = apex_build.controller_wheel_ok(local)
     assert not ok and "recorded sum" in why
     result = _put(local)
     assert result.commands[0] == "function _refuse"
     assert result.functions[0].function(None, LOG_HOST) is False
     os.unlink(local + ".sha256")  # a tar with no recorded sum is not trusted either
-    assert not apex.controller_wheel_ok(local)[0]
+    assert not apex_build.controller_wheel_ok(local)[0]
 
 
 def test_host_checks_the_tar_against_the_controllers_sum_before_pip_install(tmp_path):
@@ -455,7 +415,7 @@ def test_host_checks_the_tar_against_the_controllers_sum_before_pip_install(tmp_
     tar, record = str(tmp_path / "apex-wheel.tar"), str(tmp_path / "apex-K.sha256")
     cmd = check.replace("/var/cache/p40fleet/apex-K.sha256", record).replace("/w/", f"{tmp_path}/")
     _wheel_tar(tar)
-    open(record, "w").write(apex.sha256_of(tar) + "  apex-wheel.tar\n")
+    open(record, "w").write(apex_build.sha256_of(tar) + "  apex-wheel.tar\n")
     ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert os.listdir(tar + ".d") == ["apex-0.1-cp310-cp310-linux_x86_64.whl"]
@@ -530,11 +490,6 @@ def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
     assert result.commands[0] == "function _refuse"
     assert "upload /w/apex-wheel.tar" in result.commands
     assert result.functions[0].function(None, LOG_HOST) is False
-
-
-def test_controller_wheel_path(monkeypatch, tmp_path):
-    monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
-    assert apex.controller_wheel("K") == os.path.join(str(tmp_path), "apex", "K", "apex-wheel.tar")
 
 
 # -- verl ----------------------------------------------------------------------------------
@@ -715,6 +670,22 @@ def test_verl_requirements_recorded_sha(tmp_path):
         "-r /c/req.txt" in todo.commands[-2]
     )
     assert digest in todo.commands[-1]
+
+
+def test_requirements_variant_from_the_spec_else_from_the_torch_pin():
+    assert verl.requirements_variant("lab", "2.6.0+cu118") == "lab"
+    assert verl.requirements_variant(None, "2.6.0+cu118") == "v0.5.0"
+    assert verl.requirements_variant(None, "2.13.0+cpu") == "lab"
+
+
+def test_verl_checkout_moves_when_head_is_not_the_pin(monkeypatch):
+    def moves(head):
+        answer = GitState(True, True, head, REMOTE)
+        monkeypatch.setattr(verl, "host", SimpleNamespace(get_fact=lambda cls, **_: answer))
+        return verl.checkout_moves("/home/verl/verl", COMMIT, "verl")
+
+    assert moves("0" * 40) is True and moves(COMMIT) is False
+    assert moves(None) is True  # no checkout yet
 
 
 def test_commands_run_as_training_user_through_su():

@@ -1,0 +1,87 @@
+"""The Apex builder election: which inventory host builds each build key in this run.
+
+The rule is ``p40fleet.apex_build.first_builder``: nobody when the controller's cache holds the
+wheel (checked against its recorded sum), else the first active host in inventory order with
+that key that must install apex. This module only feeds it: the other hosts' keys and needs,
+each asked of that host's own facts (``target.get_fact``, pyinfra's public API; facts do not
+use the host in context). Hosts are asked in order and only until the builder is found, and
+not at all on a cache hit (the usual re-run), so most runs read no other host's facts.
+
+Decided once per run and key (pyinfra loads a deploy file for all hosts in parallel, so every
+host asks; the answer is kept on the run's state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pyinfra.api import Host, State
+
+from facts.gpu import PciGpus
+from facts.python_env import env_dir, env_python
+from operations import apex, conda
+from p40fleet import apex_build
+from p40fleet.profile import summarize_host
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
+
+__all__ = ["builder", "needs_apex"]
+
+_MEMO_ATTR = "p40fleet_apex_builders"
+
+
+def builder(state: State, key: str) -> str | None:
+    """The host that builds ``key`` in this run (None: the wheel is on the controller, or no
+    host needs it); the same answer for every host of the run."""
+    memo: dict[str, str | None] | None = getattr(state, _MEMO_ATTR, None)
+    if memo is None:
+        memo = {}
+        setattr(state, _MEMO_ATTR, memo)
+    if key not in memo:
+        specs: dict[str, tuple[Host, StackSpec]] = {}
+        memo[key] = apex_build.first_builder(
+            key,
+            in_cache=apex_build.controller_wheel_ok(apex_build.controller_wheel(key))[0],
+            hosts=_python_hosts(state, specs),  # lazy: not walked on a cache hit
+            key_of=lambda name: _key_of(*specs[name]),
+            needs=lambda name: needs_apex(*specs[name], key),
+        )
+    return memo[key]
+
+
+def _python_hosts(state: State, specs: dict[str, tuple[Host, StackSpec]]) -> Iterator[str]:
+    """The active hosts with a valid spec, in inventory order (get_active_hosts() is a set):
+    the builder is the same every run. Fills ``specs`` as it goes."""
+    active = set(state.inventory.get_active_hosts())
+    for target in state.inventory:
+        if target not in active:
+            continue
+        try:
+            specs[target.name] = (target, spec_for_host(target))
+        except SpecError:
+            continue  # refused by preflight: runs no Python layer
+        yield target.name
+
+
+def _key_of(target: Host, spec: StackSpec) -> str | None:
+    """``target``'s build key; None when its GPUs are refused (it runs no Python layer)."""
+    gpus = target.get_fact(PciGpus)
+    if not summarize_host(gpus, allow_maxwell=spec.policy.allow_maxwell).ok:
+        return None
+    return apex_build.for_spec(spec, gpus).key
+
+
+def needs_apex(target: Host, spec: StackSpec, key: str) -> bool:
+    """Whether ``target`` must install apex at ``key`` in this run, from its own facts."""
+    env, force = spec.env, spec.policy.force_reinstall
+    fresh = conda.env_fresh(
+        env.conda_prefix, env.name, spec.python_version, spec.user.name, "env" in force, target
+    )
+    return apex.needed(
+        env_python(env.conda_prefix, env.name),
+        env_dir(env.conda_prefix, env.name),
+        key,
+        spec.user.name,
+        fresh_env=fresh,
+        force="apex" in force,
+        target=target,
+    )

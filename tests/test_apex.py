@@ -1,0 +1,253 @@
+"""Apex: the build key arithmetic (p40fleet/apex_build.py) and the builder election
+(operations/apex_fleet.py) on hosts that answer facts from a table, without a pyinfra run.
+
+The operations themselves (build, fetch, put, install) are in tests/test_ops_python.py.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from facts.gpu import PciGpu, PciGpus
+from facts.python_env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
+from operations import apex, apex_fleet, conda
+from p40fleet import apex_build
+from p40fleet.gpu_catalog import lookup
+from p40fleet.spec import load_spec
+
+SPEC = load_spec("lab1", {})
+ENV = "/home/verl/miniconda3/envs/verl-p40"
+PY = f"{ENV}/bin/python"
+
+
+def test_arch_list_only_present_arches():
+    assert apex_build.arch_list([(6, 1)] * 4) == "6.1"
+    assert apex_build.arch_list([(6, 1), (6, 0), (6, 1)]) == "6.0;6.1"
+
+
+def test_max_jobs_rule():
+    gib = 1024**3
+    assert apex_build.max_jobs(16, 32 * gib) == 8  # memory-bound: 32 GiB // 4
+    assert apex_build.max_jobs(4, 128 * gib) == 4  # cpu-bound
+    assert apex_build.max_jobs(8, 2 * gib) == 1  # at least one
+    assert apex_build.max_jobs(None, None) == 1
+
+
+def test_cuda_ext_from_torch_pin():
+    assert apex_build.cuda_ext_default("2.6.0+cu118") is True
+    assert apex_build.cuda_ext_default("2.13.0+cpu") is False
+
+
+def _build(**kw):
+    base = dict(
+        ref="25.09",
+        commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
+        torch="2.6.0+cu118",
+        cuda="11.8.0",
+        arch_list="6.1",
+        python="3.10",
+        cuda_ext=True,
+    )
+    return apex_build.ApexBuild(**{**base, **kw})
+
+
+def test_build_key_changes_with_inputs():
+    key = _build().key
+    assert key == "25.09-4bdecd06b3c4_torch2.6.0+cu118_cuda11.8.0_sm6.1_py3.10_cpp+cuda"
+    assert _build(arch_list="6.0;6.1").key != key and _build(torch="2.6.1+cu118").key != key
+
+
+def test_install_imports_the_extension_modules_of_the_build():
+    assert _build().verify_code == "import torch, apex, apex_C, amp_C, fused_layer_norm_cuda"
+    assert _build(cuda_ext=False, cuda=None).verify_code == "import torch, apex, apex_C"
+
+
+def gpu(device: int, bus: str = "0000:00:06.0") -> PciGpu:
+    return PciGpu(bus, 0x10DE, device, 0x030200, 0x10DE, 0x11D9, lookup(device))
+
+
+P40, P100, H200 = 0x1B38, 0x15F8, 0x2335
+HEALTHY = EnvPythonState("ok", "3.10.12")
+
+
+def test_build_for_spec_the_hosts_arches_and_the_pins():
+    build = apex_build.for_spec(SPEC, [gpu(P40), gpu(P40, "0000:00:07.0")])
+    assert (build.arch_list, build.python, build.cuda_ext) == ("6.1", "3.10", True)
+    assert build.cuda == SPEC.cuda.version and build.commit == SPEC.apex.commit
+    assert apex_build.for_spec(SPEC, [gpu(P100)]).key != build.key
+
+
+def test_controller_wheel_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
+    assert apex_build.controller_wheel("K") == os.path.join(
+        str(tmp_path), "apex", "K", "apex-wheel.tar"
+    )
+    assert apex_build.host_sum("/var/cache/p40fleet", "K") == "/var/cache/p40fleet/apex-K.sha256"
+
+
+# -- the election rule (pure) ---------------------------------------------------------------
+
+
+def _first(key, keys, need, in_cache=False):
+    asked = []
+
+    def needs(name):
+        asked.append(name)
+        return name in need
+
+    builder = apex_build.first_builder(key, in_cache, keys, keys.get, needs)
+    return builder, asked
+
+
+def test_one_builder_per_key_the_first_in_inventory_order_that_needs_it():
+    keys = {"lab1": "A", "lab2": "A", "lab3": "B", "lab4": "A", "lab5": "B"}
+    everyone = set(keys)
+    assert _first("A", keys, everyone)[0] == "lab1"
+    assert _first("B", keys, everyone)[0] == "lab3"
+    # lab1 has apex at A already: the next host of that key builds, not a host of another key
+    assert _first("A", keys, everyone - {"lab1"})[0] == "lab2"
+    assert _first("A", keys, {"lab3", "lab5"})[0] is None  # nobody of key A needs it
+
+
+def test_hosts_after_the_builder_and_of_other_keys_are_not_asked():
+    keys = {"lab1": "B", "lab2": "A", "lab3": "A", "lab4": None}
+    builder, asked = _first("A", keys, set(keys))
+    assert builder == "lab2" and asked == ["lab2"]
+
+
+def test_wheel_in_the_controller_cache_means_nobody_builds_and_nobody_is_asked():
+    keys = {"lab1": "A", "lab2": "A"}
+    assert _first("A", keys, set(keys), in_cache=True) == (None, [])
+
+
+# -- the election on inventory hosts (their own facts) --------------------------------------
+
+
+class FakeHost:
+    """A host that answers facts from a table and counts what it was asked."""
+
+    def __init__(self, name, gpus, recorded=None, env=HEALTHY, stack=None):
+        self.name, self.data = name, {"stack": stack or {}}
+        self.answers = {
+            PciGpus: gpus,
+            EnvPython: env,
+            MarkerText: recorded,
+            EnvDistributions: {"apex": Dist("0.1")} if recorded else {},
+        }
+        self.asked: Counter = Counter()
+
+    def get_fact(self, cls, *args, **kwargs):
+        self.asked[cls] += 1
+        return self.answers[cls]
+
+
+class FakeInventory(list):
+    def __init__(self, hosts, inactive=()):
+        super().__init__(hosts)
+        self.inactive = set(inactive)
+
+    def get_active_hosts(self):
+        return [h for h in reversed(self) if h.name not in self.inactive]  # a set: no order
+
+
+def _fleet(*hosts, inactive=()):
+    return SimpleNamespace(inventory=FakeInventory(hosts, inactive))
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
+    return tmp_path
+
+
+P40_KEY = apex_build.for_spec(SPEC, [gpu(P40)]).key
+P100_KEY = apex_build.for_spec(SPEC, [gpu(P100)]).key
+
+
+def test_the_lab_fleet_one_builder_per_key_the_rest_get_the_wheel(cache):
+    """As tests/lab/test_flows.py's fleet: lab1 and lab2 share a key, lab3's P100 builds its
+    own, lab4's H200 runs no Python layer; an inactive host is never asked."""
+    lab0 = FakeHost("lab0", [gpu(P40)])
+    lab1, lab2 = FakeHost("lab1", [gpu(P40)]), FakeHost("lab2", [gpu(P40)])
+    lab3, lab4 = FakeHost("lab3", [gpu(P100)]), FakeHost("lab4", [gpu(H200)])
+    state = _fleet(lab0, lab1, lab2, lab3, lab4, inactive={"lab0"})
+    assert apex_fleet.builder(state, P40_KEY) == "lab1"
+    assert apex_fleet.builder(state, P100_KEY) == "lab3"
+    assert not lab0.asked
+    assert lab2.asked == Counter({PciGpus: 1})  # its key only: lab1 builds it already
+    assert lab3.asked[MarkerText] == 1 and not lab4.asked  # after the last builder
+    # lab4's H200 is refused (no Python layer): nobody builds its key, lab4 least of all
+    assert apex_fleet.builder(state, apex_build.for_spec(SPEC, [gpu(H200)]).key) is None
+    assert lab4.asked == Counter({PciGpus: 1})
+
+
+def test_decided_once_per_run_and_key(cache):
+    lab1 = FakeHost("lab1", [gpu(P40)])
+    state = _fleet(lab1)
+    assert apex_fleet.builder(state, P40_KEY) == apex_fleet.builder(state, P40_KEY) == "lab1"
+    assert lab1.asked[PciGpus] == 1
+
+
+def test_a_host_at_the_key_already_does_not_build_the_next_one_does(cache):
+    lab1 = FakeHost("lab1", [gpu(P40)], recorded=P40_KEY)
+    lab2 = FakeHost("lab2", [gpu(P40)])
+    assert apex_fleet.builder(_fleet(lab1, lab2), P40_KEY) == "lab2"
+    stale = FakeHost("lab1", [gpu(P40)], recorded="OLD")
+    assert apex_fleet.builder(_fleet(stale, lab2), P40_KEY) == "lab1"
+    # an env recreated in this run is empty whatever its key file said
+    gone = FakeHost("lab1", [gpu(P40)], recorded=P40_KEY, env=EnvPythonState("missing"))
+    assert apex_fleet.builder(_fleet(gone, lab2), P40_KEY) == "lab1"
+
+
+def test_wheel_on_the_controller_no_builder_and_no_other_host_asked(cache):
+    tar = apex_build.controller_wheel(P40_KEY)
+    os.makedirs(os.path.dirname(tar))
+    with open(tar, "wb") as handle:
+        handle.write(b"wheel")
+    with open(f"{tar}.sha256", "w") as handle:
+        handle.write(apex_build.sha256_of(tar) + "  apex-wheel.tar\n")
+    lab1 = FakeHost("lab1", [gpu(P40)])
+    assert apex_fleet.builder(_fleet(lab1), P40_KEY) is None
+    assert not lab1.asked
+    with open(tar, "ab") as handle:  # swapped after its sum was recorded: built again
+        handle.write(b"!")
+    assert apex_fleet.builder(_fleet(lab1), P40_KEY) == "lab1"
+
+
+def test_a_host_whose_spec_is_refused_is_skipped(cache):
+    bad = FakeHost("lab1", [gpu(P40)], stack={"python_version": "not a version"})
+    lab2 = FakeHost("lab2", [gpu(P40)])
+    assert apex_fleet.builder(_fleet(bad, lab2), P40_KEY) == "lab2"
+    assert not bad.asked
+
+
+# -- per-host decisions next to their components ----------------------------------------------
+
+
+def test_apex_needed_from_the_key_file_and_the_env():
+    def needed(recorded, dists, **kw):
+        host = SimpleNamespace(
+            get_fact=lambda cls, **_: {MarkerText: recorded, EnvDistributions: dists}[cls]
+        )
+        return apex.needed(PY, ENV, "K", "verl", target=host, **kw)
+
+    assert not needed("K", {"apex": Dist("0.1")})
+    assert needed("OLD", {"apex": Dist("0.1")})
+    assert needed("K", {})  # key file left behind, apex uninstalled
+    assert needed("K", {"apex": Dist("0.1")}, fresh_env=True)
+    assert needed("K", {"apex": Dist("0.1")}, force=True)
+
+
+def test_env_fresh_when_rebuilt_or_forced():
+    def fresh(state, force=False):
+        host = SimpleNamespace(get_fact=lambda cls, **_: state)
+        return conda.env_fresh("/p", "verl-p40", "3.10.12", "verl", force, target=host)
+
+    assert not fresh(EnvPythonState("ok", "3.10.12"))
+    assert fresh(EnvPythonState("ok", "3.11.2"))
+    assert fresh(EnvPythonState("missing"))
+    assert fresh(EnvPythonState("ok", "3.10.12"), force=True)
