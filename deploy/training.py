@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pyinfra import host, inventory, local, state
-from pyinfra.context import ctx_host
+from pyinfra.api import Host
 
 from facts.gpu import PciGpus
 from operations import launch, ray_cluster, training, training_user
@@ -32,14 +32,16 @@ def cluster() -> ClusterShape:
     hosts this run refused or could not reach (they run no member)."""
     refused = refused_hosts()
     members = [h for h in inventory if h in inventory.get_active_hosts() and h.name not in refused]
-    nodes = {}
-    for member in members:
-        with ctx_host.use(member):
-            nodes[member.name] = list(member.get_fact(PciGpus))
-    return cluster_shape(nodes)
+    return cluster_shape({member.name: _gpus_of(member) for member in members})
+
+
+def _gpus_of(member: Host) -> list:
+    """Another member's PCI GPUs, from its own facts (facts do not use the host in context)."""
+    return list(member.get_fact(PciGpus))
 
 
 def deploy(spec: StackSpec) -> None:
+    # 1. The model, then 2. the data: each unpacked once from its sha256-pinned archive.
     for which in ("model", "data"):
         archive = getattr(spec.training, which).archive
         source = f"from {archive.filename}" if archive else "(no archive: checked only)"
@@ -47,6 +49,7 @@ def deploy(spec: StackSpec) -> None:
             name=f"Training {which} {staged_dir(spec, which)} {source}", which=which, spec=spec
         )
 
+    # 3. The launch script, planned for this host's GPUs (and the Ray cluster's, with a head).
     shape = cluster() if ray_cluster.configured(spec) else None
 
     def make_plan(model_config: Mapping | None) -> LaunchPlan:
