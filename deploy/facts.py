@@ -14,14 +14,10 @@ from pyinfra.facts.server import LinuxDistribution
 from rich.console import Console
 from rich.table import Table
 
-from facts.gpu import (
-    InstalledDriverVersion,
-    LoadedDriverVersion,
-    NouveauLoaded,
-    NvidiaSmi,
-    PciGpus,
-)
+from facts.driver import InstalledDriverVersion, LoadedDriverVersion, NvidiaSmi
+from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
+from facts.nouveau import NouveauLoaded
 from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 

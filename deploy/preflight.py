@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from pyinfra import host
 
+from facts.artifacts import ArtifactState
+from facts.cuda import CudaToolkit
 from facts.gpu import PciGpus
 from facts.host import FreeSpace, LinuxDistribution, os_label
 from facts.mirror import UrlHead
-from facts.system import ArtifactState, CudaToolkit
 from operations.artifacts import artifact_path
-from operations.preflight import refuse_host, validated_spec
+from operations.refuse import refuse_host, validated_spec
 from p40fleet import preflight
 from p40fleet.profile import summarize_host
 from p40fleet.spec import ARTIFACTS

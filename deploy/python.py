@@ -15,11 +15,11 @@ import posixpath
 from pyinfra import host, local, state
 from pyinfra.operations import files
 
+from facts.conda import EnvDistributions, MarkerText, env_dir, env_python
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
-from facts.python_env import EnvDistributions, MarkerText, env_dir, env_python
 from operations import apex, artifacts, conda, torch, training_user, verl
-from operations.preflight import refuse, validated_spec
+from operations.refuse import refuse, validated_spec
 from p40fleet.preflight import verl_refusal
 from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
@@ -326,7 +326,7 @@ def deploy(spec: StackSpec) -> None:
 
 def verl_checkout_moves(spec: StackSpec) -> bool:
     """The verl checkout is not at the pinned commit yet (so patch + install must re-run)."""
-    from facts.python_env import GitCheckout
+    from facts.verl import GitCheckout
 
     return (
         host.get_fact(GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head

@@ -13,7 +13,7 @@ After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) 
 A host outside the stack (its GPUs, OS, stack spec or verl ref refused, as by
 ``deploy/preflight.py``) is REFUSED: one verdict with the reason and the fix, nothing probed.
 A host with a FAIL or REFUSED gets one operation that fails it without changing anything
-(``operations.preflight.refuse``), so pyinfra's own exit status is non-zero. A host where every
+(``operations.refuse.refuse``), so pyinfra's own exit status is non-zero. A host where every
 check passes or is skipped gets no operation at all: 0 changes, and ``--dry`` works.
 """
 
@@ -25,7 +25,7 @@ from facts.gpu import PciGpus
 from facts.host import LinuxDistribution, os_label
 from facts.verify import VerifyProbe
 from operations import ray_cluster, training, verification
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet import preflight, report
 from p40fleet.checks import FAIL, Check, spec_failure
 from p40fleet.profile import summarize_host

@@ -16,11 +16,11 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Link
 from pyinfra.operations import files
 
+from facts.cuda import CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace
-from facts.system import CudaToolkit, GccMajor, NvccRelease
 from operations.artifacts import format_bytes
-from operations.preflight import refuse
 from operations.progress import Stopwatch
+from operations.refuse import refuse
 
 __all__ = [
     "GCC_MAX",

@@ -10,8 +10,8 @@ import pytest
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import TmpDir
 
+from facts.cuda import CudaInstall, CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace, FreeSpaceInfo
-from facts.system import CudaInstall, CudaToolkit, GccMajor, NvccRelease
 from operations import cuda
 from tests.opharness import at, run_op
 

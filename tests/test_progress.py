@@ -6,8 +6,8 @@ from __future__ import annotations
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.facts.files import File
 
+from facts.cuda import CudaInstall, CudaToolkit, GccMajor
 from facts.host import FreeSpace, FreeSpaceInfo
-from facts.system import CudaInstall, CudaToolkit, GccMajor
 from operations import apex, cuda, progress
 from tests.opharness import at, run_op
 
