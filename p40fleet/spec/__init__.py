@@ -22,7 +22,10 @@ from p40fleet.spec.load import (
 from p40fleet.spec.pins import (
     ARTIFACTS,
     COMPONENTS,
+    GCC_MAX,
     GIT_PINS,
+    VERL_REQUIREMENTS_CPU,
+    VERL_REQUIREMENTS_CUDA,
     ApexPin,
     AptMirror,
     Artifact,
@@ -45,12 +48,16 @@ from p40fleet.spec.pins import (
     TrainingModel,
     TrainingUser,
     VerlPin,
+    cuda_release_of,
 )
 
 __all__ = [
     "ARTIFACTS",
     "COMPONENTS",
+    "GCC_MAX",
     "GIT_PINS",
+    "VERL_REQUIREMENTS_CPU",
+    "VERL_REQUIREMENTS_CUDA",
     "ApexPin",
     "AptMirror",
     "Artifact",
@@ -76,6 +83,7 @@ __all__ = [
     "TrainingUser",
     "VerlPin",
     "clear_spec_cache",
+    "cuda_release_of",
     "deep_merge",
     "host_key_problem",
     "load_spec",

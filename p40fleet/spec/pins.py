@@ -11,13 +11,14 @@ pin                 default (model.field)
 ==================  =========================================================================
 NVIDIA driver       525.147.05 runfile, the last R525 (``DriverArtifact``)
 CUDA                11.8.0 runfile, toolkit in /usr/local/cuda-11.8 (``CudaArtifact``, ``Paths``)
-newest gcc for CUDA 11 for CUDA 11.8 (``GCC_MAX``)
+newest gcc          11, for CUDA 11.8 (``GCC_MAX``; a new CUDA release adds its row)
 cuDNN               8.9.7.29 for CUDA 11 (``CudnnArtifact``)
 Miniconda           py310_24.11.1-0 (``MinicondaArtifact``), env verl-p40 (``PythonEnv``)
 Python              3.10.12 (``StackSpec.python_version``)
 PyTorch             2.6.0+cu118, torchvision 0.21.0+cu118, torchaudio 2.6.0+cu118 (``TorchPin``)
 Apex                tag 25.09, 4bdecd06... (``ApexPin``)
-verl                tag v0.5.0, 8fdc4d3f..., requirements variant v0.5.0 (``VerlPin``)
+verl                tag v0.5.0, 8fdc4d3f... (``VerlPin``); requirements lock v0.5.0
+                    (``VERL_REQUIREMENTS_CUDA``; ``lab`` for a CPU torch)
 training user       verl, uid 2001, /home/verl (``TrainingUser``)
 ==================  =========================================================================
 
@@ -28,13 +29,15 @@ pyinfra host data in ``load.py``.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+from packaging.version import Version
 from pydantic import AfterValidator, BaseModel, Field, model_validator
 from pydantic_core import PydanticUndefined
 
+from p40fleet.profile import HostGpuSummary, summarize_host
 from p40fleet.spec.fields import (
     _APT_WORD,
     _FROZEN,
@@ -65,7 +68,10 @@ from p40fleet.spec.fields import (
 __all__ = [
     "ARTIFACTS",
     "COMPONENTS",
+    "GCC_MAX",
     "GIT_PINS",
+    "VERL_REQUIREMENTS_CPU",
+    "VERL_REQUIREMENTS_CUDA",
     "ApexPin",
     "AptMirror",
     "Artifact",
@@ -88,6 +94,7 @@ __all__ = [
     "TrainingModel",
     "TrainingUser",
     "VerlPin",
+    "cuda_release_of",
 ]
 
 #: Names accepted by :meth:`StackSpec.artifact_url` (fields of StackSpec that are artifacts).
@@ -109,6 +116,17 @@ COMPONENTS: tuple[str, ...] = (
 
 #: PyPI, the rest of the torch closure when no mirror is set (the torch index lacks new pins).
 PYPI_SIMPLE = "https://pypi.org/simple"
+
+#: The newest gcc (major) each CUDA release's runfile installs with, by release X.Y; a newer gcc
+#: needs ``--override``. Only values with a source: 11.8 -> 11 (docs/stack-facts.md §4 and
+#: NVIDIA's CUDA 11.8 Installation Guide for Linux, table of supported compilers). A release
+#: missing here is an error (``StackSpec.max_gcc``), never a guess: add its row with the pin.
+GCC_MAX: dict[str, int] = {"11.8": 11}
+
+#: The verl requirements lock (``files/verl-requirements-<variant>.txt``) for a CUDA torch pin,
+#: and for a CPU torch (the simulated lab's); ``verl.requirements`` overrides both.
+VERL_REQUIREMENTS_CUDA = "v0.5.0"
+VERL_REQUIREMENTS_CPU = "lab"
 
 # Default locations of the env paths, relative to user.home.
 _ENV_SUBDIRS = {
@@ -714,6 +732,53 @@ class StackSpec(BaseModel):
         """The driver branch, e.g. ``"525"`` for 525.147.05."""
         return self.driver.version.split(".", 1)[0]
 
+    @property
+    def cuda_release(self) -> str:
+        """The CUDA release X.Y of the pin, e.g. ``"11.8"`` for 11.8.0 (what nvcc reports)."""
+        return cuda_release_of(self.cuda.version)
+
+    @property
+    def max_gcc(self) -> int:
+        """The newest gcc major the pinned CUDA release installs with (11 for CUDA 11.8).
+
+        Raises ``LookupError`` for a release :data:`GCC_MAX` does not list.
+        """
+        release = self.cuda_release
+        if release not in GCC_MAX:
+            known = ", ".join(sorted(GCC_MAX))
+            raise LookupError(
+                f"stack.cuda.version = {self.cuda.version!r}: p40fleet does not know the newest "
+                f"gcc CUDA {release} supports (known releases: {known}); add CUDA {release}'s "
+                "row to GCC_MAX in p40fleet/spec/pins.py from NVIDIA's Installation Guide for "
+                "Linux (supported compilers), or pin a known release"
+            )
+        return GCC_MAX[release]
+
+    @property
+    def torch_is_cuda(self) -> bool:
+        """Whether the torch pin is a CUDA build (local label ``cuXYZ``, as in 2.6.0+cu118)."""
+        return (Version(self.torch.version).local or "").lower().startswith("cu")
+
+    @property
+    def requirements_variant(self) -> str:
+        """The ``<variant>`` of files/{torch,verl}-requirements-<variant>.txt this spec installs.
+
+        ``verl.requirements`` when set; else the CUDA lock for a CUDA torch pin, the lab's
+        lock for a CPU torch (the simulated lab's).
+        """
+        if self.verl.requirements:
+            return self.verl.requirements
+        return VERL_REQUIREMENTS_CUDA if self.torch_is_cuda else VERL_REQUIREMENTS_CPU
+
+    def gpu_summary(self, gpus: Iterable[int | object]) -> HostGpuSummary:
+        """The host's GPU summary (profile, refusal) under this spec's driver branch and policy.
+
+        ``gpus``: PCI facts (``PciGpu``), objects with ``device_id``, or device ids.
+        """
+        return summarize_host(
+            gpus, branch=self.driver_branch, allow_maxwell=self.policy.allow_maxwell
+        )
+
     def artifact(self, name: str) -> Artifact:
         if name not in ARTIFACTS:
             raise KeyError(f"unknown artifact {name!r} (known: {', '.join(ARTIFACTS)})")
@@ -770,6 +835,11 @@ class StackSpec(BaseModel):
             if url and url.startswith("http://"):
                 args += ["--trusted-host", urlsplit(url).hostname]
         return _dedupe_trusted(args)
+
+
+def cuda_release_of(version: str) -> str:
+    """``11.8.0`` / ``11.8.20220929`` / ``11.8.89`` -> ``11.8``: the release X.Y of a version."""
+    return ".".join(version.split(".")[:2])
 
 
 def _dedupe_trusted(args: list[str]) -> list[str]:
