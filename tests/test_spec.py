@@ -752,3 +752,30 @@ def test_air_gapped_mirror_needs_every_source():
             "git_base_url": "http://m/git", "apt": LAB_APT,
             "conda_channel": "http://m/c"}  # fmt: skip
     assert load_spec("lab1", {"mirror": full}).mirror.air_gapped
+
+
+# -- the package's shape -------------------------------------------------------------------------
+
+
+def test_spec_package_imports_run_one_way():
+    """fields <- pins <- errors <- load: no module imports one to its right."""
+    import ast
+
+    order = ["fields", "pins", "errors", "load"]
+    for index, name in enumerate(order):
+        tree = ast.parse((REPO / "p40fleet" / "spec" / f"{name}.py").read_text())
+        imported = {
+            node.module.rsplit(".", 1)[-1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("p40fleet.spec.")
+        }
+        assert imported <= set(order[:index]), (name, imported)
+
+
+def test_every_public_name_is_re_exported():
+    import p40fleet.spec as package
+
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+    assert package.StackSpec is package.pins.StackSpec
+    assert package.SpecError.__module__ == "p40fleet.spec.errors"
