@@ -118,9 +118,10 @@ COMPONENTS: tuple[str, ...] = (
 PYPI_SIMPLE = "https://pypi.org/simple"
 
 #: The newest gcc (major) each CUDA release's runfile installs with, by release X.Y; a newer gcc
-#: needs ``--override``. Only values with a source: 11.8 -> 11 (docs/stack-facts.md §4 and
-#: NVIDIA's CUDA 11.8 Installation Guide for Linux, table of supported compilers). A release
-#: missing here is an error (``StackSpec.max_gcc``), never a guess: add its row with the pin.
+#: needs ``--override``. Only rows with a source: 11.8 -> 11 (docs/stack-facts.md §4, "CUDA 11.8
+#: wants gcc <= 11"). A release missing here is an error (``StackSpec.max_gcc``), never a guess:
+#: add its row with the pin, from that release's Installation Guide for Linux (NVIDIA's table of
+#: supported compilers).
 GCC_MAX: dict[str, int] = {"11.8": 11}
 
 #: The verl requirements lock (``files/verl-requirements-<variant>.txt``) for a CUDA torch pin,
