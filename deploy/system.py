@@ -79,6 +79,7 @@ if spec is not None:
         cuda_dir=paths.cuda_dir,
         tmpdir=paths.artifact_cache,
         tmp_bytes=spec.cuda.tmp_bytes(),
+        max_gcc=spec.max_gcc,
         allow_gcc_override=spec.policy.allow_gcc_override,
         force="cuda" in force,
     )

@@ -28,7 +28,6 @@ from operations import ray_cluster, training, verification
 from operations.refuse import refuse
 from p40fleet import preflight, report
 from p40fleet.checks import FAIL, Check, spec_failure
-from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 _RESULTS_ATTR = "p40fleet_verify_results"
@@ -50,9 +49,7 @@ def verify_host(spec: StackSpec) -> list[Check]:
 
 def _refused(spec: StackSpec) -> list[preflight.Refusal]:
     """The preflight's refusals that put this host outside the stack (GPU, verl ref, OS)."""
-    summary = summarize_host(
-        host.get_fact(PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(host.get_fact(PciGpus))
     distribution = os_label(host.get_fact(LinuxDistribution))
     return preflight.outside_the_stack(summary, spec.verl.ref, distribution)
 

@@ -47,6 +47,7 @@ def test_cuda_install_names_its_log_and_reports_its_duration():
         cuda_dir="/usr/local/cuda-11.8",
         tmpdir=TMP,
         tmp_bytes=10,
+        max_gcc=11,
         facts={
             CudaToolkit: CudaInstall(),
             GccMajor: 11,
