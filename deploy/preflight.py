@@ -11,22 +11,20 @@ from __future__ import annotations
 
 from pyinfra import host
 
+from facts.artifacts import ArtifactState
+from facts.cuda import CudaToolkit
 from facts.gpu import PciGpus
 from facts.host import FreeSpace, LinuxDistribution, os_label
 from facts.mirror import UrlHead
-from facts.system import ArtifactState, CudaToolkit
 from operations.artifacts import artifact_path
-from operations.preflight import refuse_host, validated_spec
+from operations.refuse import refuse_host, validated_spec
 from p40fleet import preflight
-from p40fleet.profile import summarize_host
-from p40fleet.spec import ARTIFACTS
+from p40fleet.spec import ARTIFACTS, cuda_release_of
 
 spec = validated_spec()
 
 if spec is not None:
-    summary = summarize_host(
-        host.get_fact(PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(host.get_fact(PciGpus))
     verified = {
         item: host.get_fact(ArtifactState, path=artifact_path(spec, item)).verified(
             spec.artifact(item).sha256
@@ -34,7 +32,9 @@ if spec is not None:
         for item in ARTIFACTS
     }
     cuda = host.get_fact(CudaToolkit, cuda_dir=spec.paths.cuda_dir)
-    cuda_installed = bool(cuda.nvcc and cuda.version and cuda.version.startswith("11.8"))
+    cuda_installed = bool(
+        cuda.nvcc and cuda.version and cuda_release_of(cuda.version) == spec.cuda_release
+    )
     cache = spec.paths.artifact_cache
     space = host.get_fact(FreeSpace, path=cache)
     answers = [

@@ -16,11 +16,11 @@ import os
 from pyinfra import host, local, state
 from pyinfra.operations import files
 
+from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
-from facts.python_env import env_dir, env_python
 from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
-from operations.preflight import refuse, validated_spec
+from operations.refuse import refuse, validated_spec
 from p40fleet import apex_build, verl_patches
 from p40fleet.preflight import verl_refusal
 from p40fleet.profile import summarize_host
@@ -67,7 +67,7 @@ def deploy(spec: StackSpec) -> None:
     fresh = conda.env_fresh(
         env.conda_prefix, env.name, spec.python_version, user.name, force="env" in force
     )
-    variant = verl.requirements_variant(spec.verl.requirements, spec.torch.version)
+    variant = spec.requirements_variant
     requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
     build = apex_build.for_spec(spec, gpus)
     key = build.key

@@ -21,7 +21,7 @@ from pyinfra.api import Host
 
 from facts.gpu import PciGpus
 from operations import launch, ray_cluster, training, training_user
-from operations.preflight import refused_hosts, validated_spec
+from operations.refuse import refused_hosts, validated_spec
 from p40fleet.launch import ClusterShape, LaunchPlan, cluster_shape
 from p40fleet.spec import StackSpec
 from p40fleet.training import staged_dir

@@ -36,9 +36,9 @@ from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, opera
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from facts.python_env import EnvDistributions, MarkerText
-from operations.preflight import refuse_option_ref
+from facts.conda import EnvDistributions, MarkerText
 from operations.progress import Stopwatch
+from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
 from operations.training_user import as_user, mkdir_as
 from p40fleet.apex_build import (

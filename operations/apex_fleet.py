@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 from pyinfra.api import Host, State
 
+from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
-from facts.python_env import env_dir, env_python
 from operations import apex, conda
 from p40fleet import apex_build
 from p40fleet.profile import summarize_host

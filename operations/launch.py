@@ -15,7 +15,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 from pyinfra.operations import files
 
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet.launch import LaunchPlan
 
 __all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path"]

@@ -18,7 +18,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from facts.ray import HasSystemd
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayPlan
 
 __all__ = ["TEMPLATE", "ray_member"]

@@ -10,8 +10,8 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.python_env import EnvDistributions
-from operations.preflight import refusal_message
+from facts.conda import EnvDistributions
+from operations.refuse import refusal_message
 from operations.training_user import as_user
 from p40fleet import hashlock
 

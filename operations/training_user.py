@@ -13,7 +13,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
-from operations.preflight import refuse
+from operations.refuse import refuse
 
 __all__ = ["HOME_MODE", "SYSTEM_UID_MAX", "as_user", "mkdir_as", "training_user"]
 

@@ -18,8 +18,8 @@ from pyinfra import host, logger, state
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import BaseStateCallback
 
+from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
-from facts.python_env import env_dir, env_python
 from facts.verify import VerifyProbe
 from operations import artifacts, cudnn, training
 from p40fleet import apex_build, report

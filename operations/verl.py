@@ -15,11 +15,11 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
-from operations.preflight import refuse, refuse_option_ref
+from facts.conda import EnvDistributions, MarkerText
+from facts.verl import GitCheckout, VerlPatchCheck
+from operations.refuse import refuse, refuse_option_ref
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as
-from p40fleet.apex_build import cuda_ext_default
 
 __all__ = [
     "PATCH_EXIT",
@@ -29,7 +29,6 @@ __all__ = [
     "install",
     "patch",
     "requirements",
-    "requirements_variant",
 ]
 
 #: Exit codes of files/verl_patch.py.
@@ -83,14 +82,6 @@ if in_the_way:
 if changed:
     git("checkout", "--", *changed)
 """.strip()
-
-
-def requirements_variant(configured: str | None, torch_version: str) -> str:
-    """The ``files/*-requirements-<variant>.txt`` pair: ``stack.verl.requirements`` when set;
-    else v0.5.0 for a CUDA torch pin, lab otherwise."""
-    if configured:
-        return configured
-    return "v0.5.0" if cuda_ext_default(torch_version) else "lab"
 
 
 def checkout_moves(path: str, commit: str, user: str | None) -> bool:

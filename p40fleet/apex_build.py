@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from packaging.version import Version
-
 from p40fleet import controller
 
 if TYPE_CHECKING:  # the spec is only read here, never built: no import cycle, no load cost
@@ -33,7 +31,6 @@ __all__ = [
     "complete_wheel_tar",
     "controller_wheel",
     "controller_wheel_ok",
-    "cuda_ext_default",
     "first_builder",
     "for_spec",
     "host_sum",
@@ -67,11 +64,6 @@ def max_jobs(cpus: int | None, mem_bytes: int | None) -> int:
     if mem_bytes:
         limits.append(mem_bytes // (GIB_PER_JOB * 1024**3))
     return max(1, min(limits)) if limits else 1
-
-
-def cuda_ext_default(torch_version: str) -> bool:
-    """CUDA extensions only for a CUDA torch build (local label ``cuXYZ``): a CPU torch has none."""
-    return (Version(torch_version).local or "").lower().startswith("cu")
 
 
 def _safe(text: str) -> str:
@@ -110,8 +102,8 @@ class ApexBuild:
 def for_spec(spec: StackSpec, gpus: Iterable) -> ApexBuild:
     """The Apex build a host needs: its GPUs' arches, the torch/CUDA pins, python X.Y."""
     cuda_ext = spec.apex.cuda_ext
-    if cuda_ext is None:
-        cuda_ext = cuda_ext_default(spec.torch.version)
+    if cuda_ext is None:  # CUDA extensions only for a CUDA torch build: a CPU torch has none
+        cuda_ext = spec.torch_is_cuda
     return ApexBuild(
         ref=spec.apex.ref,
         commit=spec.apex.commit,

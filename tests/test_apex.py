@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from facts.conda import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from facts.gpu import PciGpu, PciGpus
-from facts.python_env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from operations import apex, apex_fleet, conda
 from p40fleet import apex_build
 from p40fleet.gpu_catalog import lookup
@@ -37,9 +37,13 @@ def test_max_jobs_rule():
     assert apex_build.max_jobs(None, None) == 1
 
 
-def test_cuda_ext_from_torch_pin():
-    assert apex_build.cuda_ext_default("2.6.0+cu118") is True
-    assert apex_build.cuda_ext_default("2.13.0+cpu") is False
+def test_cuda_ext_from_the_torch_pin_unless_set():
+    cpu = load_spec("lab1", {"torch": {"version": "2.13.0+cpu"}})
+    assert apex_build.for_spec(SPEC, [gpu(P40)]).cuda_ext is True
+    build = apex_build.for_spec(cpu, [gpu(P40)])
+    assert (build.cuda_ext, build.cuda) == (False, None) and build.key.endswith("_cpp")
+    forced = load_spec("lab1", {"apex": {"cuda_ext": False}})
+    assert apex_build.for_spec(forced, [gpu(P40)]).cuda_ext is False
 
 
 def _build(**kw):

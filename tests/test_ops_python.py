@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Groups, Os, Users, Which
 
-from facts.python_env import (
+from facts.conda import (
     CondaInstall,
     CondaState,
     CondaTos,
@@ -21,11 +21,9 @@ from facts.python_env import (
     EnvDistributions,
     EnvPython,
     EnvPythonState,
-    GitCheckout,
-    GitState,
     MarkerText,
-    VerlPatchCheck,
 )
+from facts.verl import GitCheckout, GitState, VerlPatchCheck
 from operations import apex, conda, torch, training_user, verl
 from p40fleet import apex_build
 from tests.opharness import run_op
@@ -670,12 +668,6 @@ def test_verl_requirements_recorded_sha(tmp_path):
         "-r /c/req.txt" in todo.commands[-2]
     )
     assert digest in todo.commands[-1]
-
-
-def test_requirements_variant_from_the_spec_else_from_the_torch_pin():
-    assert verl.requirements_variant("lab", "2.6.0+cu118") == "lab"
-    assert verl.requirements_variant(None, "2.6.0+cu118") == "v0.5.0"
-    assert verl.requirements_variant(None, "2.13.0+cpu") == "lab"
 
 
 def test_verl_checkout_moves_when_head_is_not_the_pin(monkeypatch):
