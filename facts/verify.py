@@ -3,8 +3,8 @@
 The script is ``files/verify-probe.sh.j2`` rendered with the host's paths (every value
 shell-quoted). It changes nothing on the host (no bytecode written, git without optional locks)
 and always exits 0, so the fact never fails a host: what went wrong is in the answers, which
-``p40fleet.checks`` turns into PASS/FAIL/SKIP checks. Output format: see the template's header
-or :func:`p40fleet.checks.parse_probe`.
+``p40fleet.verification`` turns into PASS/FAIL/SKIP checks. Output format: see the template's
+header or :func:`p40fleet.verification.probe.parse_probe`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import jinja2
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from p40fleet.checks import ProbeAnswers, parse_probe
 from p40fleet.privdrop import AS_USER_FN
+from p40fleet.verification.probe import ProbeAnswers, parse_probe
 
 __all__ = [
     "PROBE_TEMPLATE",

@@ -23,12 +23,13 @@ from facts.python_env import env_dir, env_python
 from facts.verify import VerifyProbe
 from operations import apex, artifacts, cudnn, training
 from p40fleet import report
-from p40fleet.checks import FAIL, Check, host_verdict, run_checks
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
+from p40fleet.verification import TABLE_ENV
+from p40fleet.verification.check import FAIL, Check, host_verdict
+from p40fleet.verification.run import run_checks
 from p40fleet.verl_patches import RECORD_NAME
 
-TABLE_ENV = "P40FLEET_VERIFY_TABLE"
 _SPECS_ATTR = "p40fleet_verify_after_run"
 
 

@@ -308,10 +308,10 @@ def test_system_account_refusal_names_another_user_never_usermod():
 
 
 def test_the_verify_probe_answers_through_the_drop_and_never_runs_the_env_as_root(open_tmp):
-    """S1 for real: the whole probe on a fake host (tests/test_checks.py) as root with the
+    """S1 for real: the whole probe on a fake host (tests/test_verification.py) as root with the
     training user ``nobody``: the env's python answers, and its .pth ran as nobody only."""
-    from p40fleet.checks import parse_probe
-    from tests.test_checks import _fake_host
+    from p40fleet.verification.probe import parse_probe
+    from tests.test_verification import _fake_host
 
     nobody = _needs_root_and_nobody()
     params = {**_fake_host(open_tmp), "user": "nobody"}

@@ -1,4 +1,4 @@
-"""p40fleet.checks: crafted probe outputs -> PASS / FAIL / SKIP, and the real probe script.
+"""p40fleet.verification: crafted probe outputs -> PASS / FAIL / SKIP, and the real probe script.
 
 The crafted outputs are what ``files/verify-probe.sh.j2`` prints (sections of key=value lines,
 ``@@json`` answers, raw command output, ``@@rc``). The last tests render the real probe and run
@@ -19,20 +19,12 @@ import pytest
 
 from facts.gpu import PciGpu
 from facts.verify import VerifyProbe, render_probe
-from p40fleet.checks import (
-    CHECK_NAMES,
-    FAIL,
-    PASS,
-    SKIP,
-    Check,
-    host_verdict,
-    parse_probe,
-    run_checks,
-    spec_failure,
-)
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
+from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
+from p40fleet.verification.probe import parse_probe
+from p40fleet.verification.run import CHECK_NAMES, PROBE, REGISTRY, run_checks
 from p40fleet.verl_patches import rule_set
 
 SPEC = load_spec("lab1", {})
@@ -557,6 +549,16 @@ def test_probe_without_output_or_cut_short():
     assert checks["verl version"].status == FAIL  # its section never came
 
 
+def test_every_check_reports_the_name_the_registry_gives_it():
+    """CHECK_NAMES is derived from the registry: each check must report under its entry's name
+    (a renamed check or a reordered registry fails here, not in the fleet table)."""
+    ran = [c.name for c in run_checks(parse_probe(sections()), SPEC, GPUS, apex_key=APEX_KEY,
+                                      training=TARGET)]  # fmt: skip
+    assert ran == [name for name in CHECK_NAMES if name != PROBE]
+    assert CHECK_NAMES == tuple(name for name, _ in REGISTRY)
+    assert CHECK_NAMES[:2] == ("gpus", "probe") and len(set(CHECK_NAMES)) == len(CHECK_NAMES)
+
+
 def test_check_rejects_unknown_status():
     with pytest.raises(ValueError):
         Check("x", "OK", "")
@@ -814,3 +816,27 @@ def test_a_card_known_only_by_its_chip_family_is_not_unknown_to_verify():
     assert checks["gpus"].status == PASS, checks["gpus"].detail
     assert "unknown" not in checks["gpus"].detail
     assert "chip family GP102" in checks["gpus"].detail
+
+
+def test_the_verification_package_imports_one_way():
+    """check <- probe <- system_checks, python_checks, ray_checks <- run: no module imports one
+    on its own floor or above it (so none can import in a circle)."""
+    import ast
+
+    floor = {"check": 0, "probe": 1, "system_checks": 2, "python_checks": 2, "ray_checks": 2,
+             "run": 3}  # fmt: skip
+    package = Path(__file__).resolve().parent.parent / "p40fleet" / "verification"
+    assert {p.stem for p in package.glob("*.py")} - {"__init__"} == set(floor)
+    for name, level in floor.items():
+        tree = ast.parse((package / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "p40fleet.verification":
+                used = [alias.name for alias in node.names if alias.name in floor]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "p40fleet.verification."
+            ):
+                used = [node.module.rsplit(".", 1)[1]]
+            else:
+                continue
+            for other in used:
+                assert floor[other] < level, f"{name}.py imports {other} (same floor or above)"
