@@ -41,7 +41,7 @@ def verify_host(spec: StackSpec) -> list[Check]:
     target = None
     try:
         target = training.training_target(spec)  # the launch plan the script has
-        answers = host.get_fact(VerifyProbe, **verification.probe_arguments(spec, target))
+        answers = host.get_fact(VerifyProbe, targets=verification.probe_targets(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
         return verification.checks_for(spec, gpus, None, problem, target)

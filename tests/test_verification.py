@@ -23,7 +23,7 @@ from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
-from p40fleet.verification.probe import parse_probe
+from p40fleet.verification.probe import ProbeTargets, parse_probe
 from p40fleet.verification.run import CHECK_NAMES, PROBE, REGISTRY, run_checks
 from p40fleet.verl_patches import rule_set
 
@@ -630,8 +630,8 @@ def _fake_host(tmp: Path) -> dict[str, str]:
 def test_real_probe_runs_read_only_and_parses(tmp_path):
     params = _fake_host(tmp_path)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    script = render_probe(**params)
-    assert VerifyProbe().command(**params) == script
+    script = render_probe(ProbeTargets(**params))
+    assert VerifyProbe().command(ProbeTargets(**params)) == script
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     answers = VerifyProbe().process(proc.stdout.splitlines())
@@ -658,7 +658,9 @@ def test_real_probe_sees_a_copied_cudnn_file(tmp_path):
     lib = Path(params["cuda_dir"]) / "lib64" / "libcudnn.so.8.9.7"
     lib.unlink()
     lib.write_bytes(b"\x7fELF")  # a copy, not a hard link
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     checks = {c.name: c for c in run_checks(parse_probe(proc.stdout.splitlines()), SPEC, GPUS)}
     assert checks["cudnn hard links"].status == FAIL
     assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
@@ -673,7 +675,9 @@ def test_real_probe_imports_torch_once_for_all_python_sections(tmp_path):
         init.write_text(
             "import os, sys\nprint('pid=%d' % os.getpid(), file=sys.stderr)\n" + init.read_text()
         )
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     torch_pids = [n for n in answers.section("torch").noise if n.startswith("pid=")]
     verl_pids = [n for n in answers.section("verl").noise if n.startswith("pid=")]
@@ -690,7 +694,9 @@ def test_real_probe_asks_again_alone_when_an_import_kills_the_interpreter(tmp_pa
         "import os, sys\nprint('segfault in verl', file=sys.stderr)\nsys.stderr.flush()\n"
         "os._exit(139)\n"
     )
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     assert answers.complete, proc.stdout
     assert proc.stdout.splitlines().count("@@section verl") == 1, proc.stdout
@@ -712,7 +718,9 @@ def test_real_probe_does_not_ask_a_hanging_section_twice(tmp_path, monkeypatch):
     (site / "torch" / "__init__.py").write_text(  # CUDA init that never returns
         f"open({str(imports)!r}, 'a').write('x')\nimport time\ntime.sleep(60)\n"
     )
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     assert answers.complete, proc.stdout
     assert answers.section("torch").rc == 124
@@ -772,7 +780,9 @@ def test_real_probe_runs_the_training_path(tmp_path):
     params["overrides"] = plan.overrides
     target = TrainingTarget(params["model_path"], params["train_file"], params["val_file"],
                             plan.overrides)  # fmt: skip
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     assert answers.complete, proc.stdout + proc.stderr
     checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=target)}
@@ -788,7 +798,9 @@ def test_real_probe_runs_the_training_path(tmp_path):
                                 params["overrides"])  # fmt: skip
     (site / "verl" / "trainer" / "main_ppo.py").write_text("import torchdata_not_here\n")
     Path(params["val_file"]).unlink()
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=bad_target)}
     overrides = checks["launch overrides"]
@@ -840,3 +852,20 @@ def test_the_verification_package_imports_one_way():
                 continue
             for other in used:
                 assert floor[other] < level, f"{name}.py imports {other} (same floor or above)"
+
+
+def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():
+    """deploy/verify.py (the fact) and the run after the last operation probe the same targets,
+    built once; they are hashable, and a stored plain copy (the fact batch's plan, JSON) renders
+    the same probe."""
+    from operations.verification import probe_targets
+    from p40fleet.verl_patches import RECORD_NAME
+
+    targets = probe_targets(SPEC, TARGET)
+    assert hash(targets) == hash(probe_targets(SPEC, TARGET))
+    with pytest.raises(AttributeError):
+        targets.user = "root"  # type: ignore[misc]
+    assert targets.patch_record == f"{SPEC.env.verl_checkout}/{RECORD_NAME}"
+    assert (targets.model_path, targets.overrides) == (MODEL, OVERRIDES)
+    stored = json.loads(json.dumps(targets))
+    assert VerifyProbe().command(stored) == VerifyProbe().command(targets) == render_probe(targets)

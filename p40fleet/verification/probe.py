@@ -19,12 +19,36 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from p40fleet.spec import StackSpec
 from p40fleet.training import TrainingTarget
 
-__all__ = ["CheckContext", "ProbeAnswers", "Section", "parse_probe"]
+__all__ = ["CheckContext", "ProbeAnswers", "ProbeTargets", "Section", "parse_probe"]
+
+
+class ProbeTargets(NamedTuple):
+    """What the probe looks at on one host: the stack's paths there, the pinned verl ref, the
+    launch plan's model, data and overrides, and the training user the home is read as.
+
+    Frozen and hashable; a tuple of plain values, so the fact that takes it keeps a JSON-safe
+    argument (``p40fleet.factbatch`` batches only those, and stores them as plain tuples:
+    ``ProbeTargets(*value)`` rebuilds one).
+    """
+
+    cuda_dir: str
+    cudnn_tree: str
+    python: str
+    apex_key_file: str
+    verl_checkout: str
+    verl_ref: str
+    patch_record: str
+    model_path: str
+    train_file: str
+    val_file: str
+    user: str
+    overrides: tuple[str, ...] = ()
+
 
 _KV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
