@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from p40lab import base, hosts  # noqa: E402
+from p40lab import base, hosts, plan, procs  # noqa: E402
 from p40lab import state as st  # noqa: E402
 from p40lab.util import require_root  # noqa: E402
 
@@ -56,13 +56,13 @@ def summary(values: list[float]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=3)
-    ap.add_argument("--gpus", default=hosts.DEFAULT_LAYOUTS)
+    ap.add_argument("--gpus", default=plan.DEFAULT_LAYOUTS)
     ap.add_argument("--hosts", type=int, default=None)
     ap.add_argument("--rebuild-base", action="store_true")
     ap.add_argument("--mirror", action="store_true")
     args = ap.parse_args()
     require_root()
-    if st.is_up() or hosts.lab_processes():
+    if st.is_up() or procs.lab_processes():
         raise SystemExit("a lab is up: run `python -m p40lab down` first")
 
     results: dict[str, list[float]] = {}
@@ -78,7 +78,7 @@ def main() -> int:
             print(f"base build (uncached, recorded at its build): {recorded} s")
     add("base build (cached check)", timed(base.build))
 
-    specs = hosts.plan(args.hosts, args.gpus)
+    specs = plan.plan(args.hosts, args.gpus)
     n = len(specs)
     leftover_counts: list[dict[str, int]] = []
     try:

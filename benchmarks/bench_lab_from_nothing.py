@@ -20,8 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from p40lab import apex_remote, base, hosts, mirror, verl_remote, wheelhouse  # noqa: E402
+from p40lab import apex_remote, base, hosts, mirror, plan, verl_remote, wheelhouse  # noqa: E402
 from p40lab import state as st  # noqa: E402
+from p40lab.artifacts import pins as lab_pins  # noqa: E402
 from p40lab.util import require_root  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def main() -> int:
         root, downloads = Path(tmp) / "mirror", Path(tmp) / "downloads"
         t1 = time.monotonic()
         mirror.build(root, kernel_release=os.uname().release, base_url=st.MIRROR_URL,
-                     unpack_bytes=mirror.CUDA_UNPACK_BYTES_REAL)  # fmt: skip
+                     unpack_bytes=lab_pins.CUDA_UNPACK_BYTES_REAL)  # fmt: skip
         t_doubles = time.monotonic() - t1
         t2 = time.monotonic()
         wheels = wheelhouse.build_wheelhouse(root, base_url=st.MIRROR_URL)
@@ -55,7 +56,7 @@ def main() -> int:
     print(f"git remotes (verl 0.5.0 sdist from PyPI, apex stand-in): {t_git:.1f} s")
     print(f"mirror size: {int(size.split()[0]) / 2**20:.0f} MiB")
     print(f"lab from nothing (base + mirror): {total:.1f} s (target <= 180 s)")
-    specs = hosts.plan(None, "4xP40,8xP40,1xP100,2xH200")
+    specs = plan.plan(None, "4xP40,8xP40,1xP100,2xH200")
     t4 = time.monotonic()
     hosts.up(specs, mirror=False)
     t_up = time.monotonic() - t4

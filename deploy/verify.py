@@ -4,9 +4,9 @@
     python -m p40fleet.verify inventories/sim.py --json r.json   # same, exit 0 / 1 / 2
 
 One read-only probe per host (``facts.verify.VerifyProbe``) answers everything; the checks
-(``p40fleet.checks``) compare the answers with the stack spec, the host's PCI GPU facts and its
-launch plan (the training path: verl's trainer modules import, the plan's overrides compose
-with the host's verl, the model and data files the script names are there).
+(``p40fleet.verification``) compare the answers with the stack spec, the host's PCI GPU facts
+and its launch plan (the training path: verl's trainer modules import, the plan's overrides
+compose with the host's verl, the model and data files the script names are there).
 After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) and, when
 ``$P40FLEET_REPORT`` names a file, the JSON report there.
 
@@ -27,8 +27,8 @@ from facts.verify import VerifyProbe
 from operations import ray_cluster, training, verification
 from operations.refuse import refuse
 from p40fleet import preflight, report
-from p40fleet.checks import FAIL, Check, spec_failure
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.verification.check import FAIL, Check, spec_failure
 
 _RESULTS_ATTR = "p40fleet_verify_results"
 _PRINTED_ATTR = "p40fleet_verify_printed"
@@ -40,7 +40,7 @@ def verify_host(spec: StackSpec) -> list[Check]:
     target = None
     try:
         target = training.training_target(spec)  # the launch plan the script has
-        answers = host.get_fact(VerifyProbe, **verification.probe_arguments(spec, target))
+        answers = host.get_fact(VerifyProbe, targets=verification.probe_targets(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
         return verification.checks_for(spec, gpus, None, problem, target)

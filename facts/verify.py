@@ -3,15 +3,14 @@
 The script is ``files/verify-probe.sh.j2`` rendered with the host's paths (every value
 shell-quoted). It changes nothing on the host (no bytecode written, git without optional locks)
 and always exits 0, so the fact never fails a host: what went wrong is in the answers, which
-``p40fleet.checks`` turns into PASS/FAIL/SKIP checks. Output format: see the template's header
-or :func:`p40fleet.checks.parse_probe`.
+``p40fleet.verification`` turns into PASS/FAIL/SKIP checks. Output format: see the template's
+header or :func:`p40fleet.verification.probe.parse_probe`.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,8 +18,8 @@ import jinja2
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from p40fleet.checks import ProbeAnswers, parse_probe
 from p40fleet.privdrop import AS_USER_FN
+from p40fleet.verification.probe import ProbeAnswers, ProbeTargets, parse_probe
 
 __all__ = [
     "PROBE_TEMPLATE",
@@ -50,39 +49,19 @@ def _template() -> jinja2.Template:
     return env.from_string(PROBE_TEMPLATE.read_text())
 
 
-def render_probe(
-    *,
-    cuda_dir: str,
-    cudnn_tree: str,
-    python: str,
-    apex_key_file: str,
-    verl_checkout: str,
-    verl_ref: str,
-    patch_record: str,
-    model_path: str,
-    train_file: str,
-    val_file: str,
-    user: str,
-    overrides: Sequence[str] = (),
-) -> str:
-    """The probe script for these paths and the host's launch overrides (a POSIX sh script);
-    what lies under the home is read and run as the training user ``user``."""
-    if not user:
+def render_probe(targets: ProbeTargets) -> str:
+    """The probe script for these targets (a POSIX sh script); what lies under the home is read
+    and run as the training user ``targets.user``."""
+    if not targets.user:
         raise ValueError("no training user given: the probe never runs its files as root")
+    paths = {  # directories the probe joins names to: without their trailing slash
+        name: getattr(targets, name).rstrip("/") or "/"
+        for name in ("cuda_dir", "cudnn_tree", "verl_checkout")
+    }
     return _template().render(
-        user=user,
+        **{**targets._asdict(), **paths},
+        overrides_json=json.dumps(list(targets.overrides)),
         as_user_fn=AS_USER_FN,
-        cuda_dir=cuda_dir.rstrip("/") or "/",
-        cudnn_tree=cudnn_tree.rstrip("/") or "/",
-        python=python,
-        apex_key_file=apex_key_file,
-        verl_checkout=verl_checkout.rstrip("/") or "/",
-        verl_ref=verl_ref,
-        patch_record=patch_record,
-        model_path=model_path,
-        train_file=train_file,
-        val_file=val_file,
-        overrides_json=json.dumps(list(overrides)),
         smi_fields=SMI_FIELDS,
         smi_fields_r470=SMI_FIELDS_R470,
         python_timeout=PYTHON_TIMEOUT_S,
@@ -103,35 +82,9 @@ class VerifyProbe(FactBase[ProbeAnswers]):
         return ProbeAnswers()
 
     @override
-    def command(
-        self,
-        cuda_dir: str,
-        cudnn_tree: str,
-        python: str,
-        apex_key_file: str,
-        verl_checkout: str,
-        verl_ref: str,
-        patch_record: str,
-        model_path: str,
-        train_file: str,
-        val_file: str,
-        user: str,
-        overrides: Sequence[str] = (),
-    ) -> str:
-        return render_probe(
-            user=user,
-            cuda_dir=cuda_dir,
-            cudnn_tree=cudnn_tree,
-            python=python,
-            apex_key_file=apex_key_file,
-            verl_checkout=verl_checkout,
-            verl_ref=verl_ref,
-            patch_record=patch_record,
-            model_path=model_path,
-            train_file=train_file,
-            val_file=val_file,
-            overrides=overrides,
-        )
+    def command(self, targets: ProbeTargets) -> str:
+        # a plain tuple when the fact batch replays a stored request: rebuilt by position
+        return render_probe(ProbeTargets(*targets))
 
     @override
     def process(self, output: list[str]) -> ProbeAnswers:

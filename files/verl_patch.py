@@ -7,6 +7,7 @@ Standalone: standard library only, Python >= 3.8. The controller renders the rul
 Usage::
 
     python3 verl_patch.py --rules RULES.json --checkout /home/verl/verl [--check]
+    python3 verl_patch.py --checkout /home/verl/verl --guard COMMIT
 
 RULES.json::
 
@@ -37,6 +38,12 @@ Exit codes (one summary line starting ``verl-patch:`` on stdout in every case)::
 
 With ``--check`` nothing is written; the exit code says what a real run would do (0 = changes
 pending, 100 = in sync, 2/3/4 as above).
+
+``--guard COMMIT`` runs before the checkout moves to COMMIT (a ref change): every modified
+tracked file must be one the record names, still at its recorded sha256 (our own patch), and no
+untracked file may sit where COMMIT has a file; anything else is the user's and exits 3 naming
+the files (one line on stdout, no ``verl-patch:`` prefix). Otherwise only our recorded patches
+are restored (``git checkout -- FILES``), so the checkout that follows needs no ``-f``; exit 0.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import argparse
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -330,12 +338,80 @@ def apply(checkout, ruleset, check=False):
     return result
 
 
+def _git(checkout, *args):
+    return subprocess.run(
+        ["git", "-C", checkout, *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _recorded_files(checkout):
+    """{path: sha256} of the files the record says we patched ({} without a readable record)."""
+    try:
+        with open(os.path.join(checkout, RECORD_NAME)) as fh:
+            return json.load(fh).get("files", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _sha_or_none(checkout, rel):
+    try:
+        with open(os.path.join(checkout, rel), "rb") as fh:
+            return sha256_bytes(fh.read())
+    except OSError:
+        return None
+
+
+def guard(checkout, target):
+    """Before moving ``checkout`` to commit ``target``: refuse (exit 3, the message on stdout)
+    what is not ours, else restore our recorded patches (see the module doc); returns the code.
+    A failing git command raises (exit 1 with its traceback)."""
+    entries = iter(
+        _git(checkout, "status", "--porcelain", "-z", "--untracked-files=all").split("\0")
+    )
+    changed, untracked = [], set()
+    for entry in entries:
+        if not entry:
+            continue
+        if entry[:2] == "??":
+            untracked.add(entry[3:])
+            continue
+        changed.append(entry[3:])
+        if entry[0] in "RC":
+            next(entries, None)  # the rename's source path
+    recorded = _recorded_files(checkout)
+    edits = [p for p in changed if p not in recorded or recorded[p] != _sha_or_none(checkout, p)]
+    in_target = set(_git(checkout, "ls-tree", "-r", "-z", "--name-only", target).split("\0"))
+    in_the_way = sorted(untracked & in_target)
+    if edits:
+        print(
+            f"verl checkout {checkout} has local edits in: {', '.join(edits)}; commit or save "
+            f"them elsewhere, then 'git -C {checkout} checkout -- <files>' and re-run"
+        )
+        return EXIT_LOCAL_EDITS
+    if in_the_way:
+        print(
+            f"verl checkout {checkout}: untracked file(s) of yours where {target} has files: "
+            f"{', '.join(in_the_way)}; move them elsewhere and re-run (they are never overwritten)"
+        )
+        return EXIT_LOCAL_EDITS
+    if changed:
+        _git(checkout, "checkout", "--", *changed)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="apply p40fleet verl patch rules")
-    parser.add_argument("--rules", required=True, help="rule set JSON file")
+    parser.add_argument("--rules", help="rule set JSON file")
     parser.add_argument("--checkout", required=True, help="verl checkout directory")
     parser.add_argument("--check", action="store_true", help="report only, write nothing")
+    parser.add_argument(
+        "--guard", metavar="COMMIT", help="before a move to COMMIT: only our patches may differ"
+    )
     args = parser.parse_args(argv)
+    if args.guard is not None:
+        return guard(args.checkout, args.guard)
+    if args.rules is None:
+        parser.error("--rules is required (or --guard COMMIT)")
     try:
         try:
             with open(args.rules, encoding="utf-8") as fh:

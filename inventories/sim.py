@@ -13,7 +13,7 @@ SSH: root with the lab's ed25519 key, the lab's own known_hosts, strict host key
 agent, no ~/.ssh keys. ``P40LAB_SSH_USER=admin`` connects as the lab's non-root admin instead,
 with ``_sudo`` (a NOPASSWD rule, as a dedicated deploy account has); ``admin-pw``'s sudo asks
 its password: ``P40LAB_SUDO_PASSWORD`` becomes ``_sudo_password`` (the lab keeps it in
-``p40lab.hosts.sudo_password_file()``).
+``p40lab.disks.sudo_password_file()``).
 Host data: ``gpu_layout`` and ``sim_os`` for information, and ``stack`` =
 ``inventories/group_data/all.py``'s ``stack`` deep-merged with the lab's overrides (the doubles'
 sums, the mirror, the base image's python, the lab's torch, ``training``: the lab's own tiny

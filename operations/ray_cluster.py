@@ -14,10 +14,10 @@ from pyinfra.api.exceptions import NoGroupError
 
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
-from p40fleet.checks import FAIL, Check
 from p40fleet.ray import HEAD_GROUP, RayError, RayPlan, choose_head, plan_ray, ray_cli
-from p40fleet.ray_checks import ray_checks
 from p40fleet.spec import StackSpec
+from p40fleet.verification.check import FAIL, Check
+from p40fleet.verification.ray_checks import ray_checks
 
 __all__ = ["configured", "expected_nodes", "head_group", "plan_for_host", "verify_checks"]
 

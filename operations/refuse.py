@@ -48,7 +48,7 @@ logger = logging.getLogger("pyinfra")
 
 _SPEC_REMEDY = (
     "correct the value in the inventory (stack_host) or inventories/group_data/all.py (stack); "
-    "the defaults in p40fleet/spec.py are the real pins"
+    "the defaults in p40fleet/spec/pins.py are the real pins"
 )
 
 

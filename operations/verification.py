@@ -23,34 +23,36 @@ from facts.gpu import PciGpus
 from facts.verify import VerifyProbe
 from operations import artifacts, cudnn, training
 from p40fleet import apex_build, report
-from p40fleet.checks import FAIL, Check, host_verdict, run_checks
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
+from p40fleet.verification import TABLE_ENV
+from p40fleet.verification.check import FAIL, Check, host_verdict
+from p40fleet.verification.probe import ProbeTargets
+from p40fleet.verification.run import run_checks
 from p40fleet.verl_patches import RECORD_NAME
 
-TABLE_ENV = "P40FLEET_VERIFY_TABLE"
 _SPECS_ATTR = "p40fleet_verify_after_run"
 
 
-def probe_arguments(spec: StackSpec, target: TrainingTarget) -> dict[str, Any]:
+def probe_targets(spec: StackSpec, target: TrainingTarget) -> ProbeTargets:
     """What the verify probe looks at on a host with this spec and this launch plan."""
     env = spec.env
-    return {
-        "model_path": target.model_path,
-        "train_file": target.train_file,
-        "val_file": target.val_file,
-        "overrides": tuple(target.overrides),
-        "cuda_dir": spec.paths.cuda_dir,
-        "cudnn_tree": cudnn.extracted_dir(
+    return ProbeTargets(
+        model_path=target.model_path,
+        train_file=target.train_file,
+        val_file=target.val_file,
+        overrides=tuple(target.overrides),
+        cuda_dir=spec.paths.cuda_dir,
+        cudnn_tree=cudnn.extracted_dir(
             spec.paths.cudnn_extract_dir, artifacts.artifact_path(spec, "cudnn")
         ),
-        "python": env_python(env.conda_prefix, env.name),
-        "apex_key_file": f"{env_dir(env.conda_prefix, env.name)}/{apex_build.KEY_FILE}",
-        "verl_checkout": env.verl_checkout,
-        "verl_ref": spec.verl.ref,
-        "patch_record": f"{env.verl_checkout.rstrip('/')}/{RECORD_NAME}",
-        "user": spec.user.name,
-    }
+        python=env_python(env.conda_prefix, env.name),
+        apex_key_file=f"{env_dir(env.conda_prefix, env.name)}/{apex_build.KEY_FILE}",
+        verl_checkout=env.verl_checkout,
+        verl_ref=spec.verl.ref,
+        patch_record=f"{env.verl_checkout.rstrip('/')}/{RECORD_NAME}",
+        user=spec.user.name,
+    )
 
 
 def expected_apex_key(spec: StackSpec, gpus: list) -> str | None:
@@ -144,7 +146,7 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
     try:
         # the plan as the launch script has it now (the model config staged by this run)
         plan = training.training_target(spec, target)
-        command = fact.command(**probe_arguments(spec, plan))
+        command = fact.command(probe_targets(spec, plan))
         # as the facts run: with the host's connector arguments (_sudo, _sudo_password...)
         arguments, _ = pop_global_arguments(target.state, target, {})
         connect = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}

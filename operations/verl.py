@@ -20,6 +20,7 @@ from facts.verl import GitCheckout, VerlPatchCheck
 from operations.refuse import refuse, refuse_option_ref
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as
+from p40fleet.verl_patches import APPLIER_PATH
 
 __all__ = [
     "PATCH_EXIT",
@@ -35,53 +36,6 @@ __all__ = [
 PATCH_EXIT = {"changed": 0, "no-change": 100, "mismatch": 2, "local-edits": 3, "unsupported": 4}
 #: In the env dir: sha256 of the requirements file last installed there.
 REQUIREMENTS_MARKER = ".p40fleet-verl-requirements.sha256"
-#: The applier's record in the checkout: files it patched, with their post-patch sha256.
-PATCH_RECORD = ".p40fleet-patches.json"
-
-# Run on the host (as the training user) before moving the checkout to commit argv[2]: every
-# modified tracked file must be one the patch applier recorded, still at its recorded sha256 (our
-# own patch), and no untracked file may sit where that commit has a file; anything else is the
-# user's and stops the host, naming the files. Then only our recorded patches are restored, so
-# the checkout that follows needs no -f (git itself refuses to overwrite an untracked file).
-_ONLY_OUR_PATCHES = r"""
-import hashlib, json, os, subprocess, sys
-co, target = sys.argv[1], sys.argv[2]
-def git(*args):
-    return subprocess.run(["git", "-C", co, *args], check=True, capture_output=True,
-                          text=True).stdout
-entries = iter(git("status", "--porcelain", "-z", "--untracked-files=all").split("\0"))
-changed, untracked = [], set()
-for entry in entries:
-    if not entry:
-        continue
-    if entry[:2] == "??":
-        untracked.add(entry[3:])
-        continue
-    changed.append(entry[3:])
-    if entry[0] in "RC":
-        next(entries, None)  # the rename's source path
-try:
-    recorded = json.load(open(os.path.join(co, ".p40fleet-patches.json"))).get("files", {})
-except (OSError, ValueError):
-    recorded = {}
-def sha(p):
-    try:
-        return hashlib.sha256(open(os.path.join(co, p), "rb").read()).hexdigest()
-    except OSError:
-        return None
-edits = [p for p in changed if p not in recorded or recorded[p] != sha(p)]
-in_the_way = sorted(untracked & set(git("ls-tree", "-r", "-z", "--name-only", target).split("\0")))
-if edits:
-    print("verl checkout %s has local edits in: %s; commit or save them elsewhere, then "
-          "'git -C %s checkout -- <files>' and re-run" % (co, ", ".join(edits), co))
-    sys.exit(3)
-if in_the_way:
-    print("verl checkout %s: untracked file(s) of yours where %s has files: %s; move them "
-          "elsewhere and re-run (they are never overwritten)" % (co, target, ", ".join(in_the_way)))
-    sys.exit(3)
-if changed:
-    git("checkout", "--", *changed)
-""".strip()
 
 
 def checkout_moves(path: str, commit: str, user: str | None) -> bool:
@@ -133,12 +87,18 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
                 user, StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
             )
         yield as_user(user, StringCommand("git -C", q_path, "fetch --quiet --tags --force origin"))
+        # Only our recorded patches may differ from HEAD (files/verl_patch.py --guard, which owns
+        # the record): the user's edits and untracked files in the new commit's way stop the host
+        # naming the files; our patches are restored, so the checkout below needs no -f. The
+        # applier is not uploaded yet (the patch step does that): its text runs as the program.
         yield as_user(
             user,
             StringCommand(
                 "python3 -c",
-                QuoteString(_ONLY_OUR_PATCHES),
+                QuoteString(APPLIER_PATH.read_text()),
+                "--checkout",
                 q_path,
+                "--guard",
                 QuoteString(f"{ref}^{{commit}}"),
             ),
         )

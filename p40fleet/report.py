@@ -51,8 +51,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from p40fleet.checks import FAIL, PASS, SKIP, Check, host_verdict
 from p40fleet.spec import StackSpec
+from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict
 
 __all__ = [
     "EXIT_FAIL",

@@ -1,7 +1,7 @@
 """Training inputs: where the model and the data live on a host, and what makes them complete.
 
 Pure: no pyinfra, no I/O. ``operations/training.py`` stages them (``deploy/training.py``),
-``p40fleet.checks`` verifies them from the probe's answers, ``p40fleet.launch`` names them in
+``p40fleet.verification`` verifies them from the probe's answers, ``p40fleet.launch`` names them in
 the launch script. One rule for all three, so a staged directory that verify would FAIL is
 never called staged.
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from p40fleet import report
+from p40fleet.verification import TABLE_ENV
 
 __all__ = ["DEPLOY", "REPO", "main", "pyinfra_command"]
 
@@ -160,7 +161,7 @@ def _env(report_path: Path, inventory: str) -> dict[str, str]:
     env = dict(os.environ)
     env[report.REPORT_ENV] = str(report_path)
     env[report.INVENTORY_ENV] = inventory  # the report's provenance
-    env["P40FLEET_VERIFY_TABLE"] = "0"  # this CLI prints the table itself
+    env[TABLE_ENV] = "0"  # this CLI prints the table itself
     paths = [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env

@@ -28,8 +28,37 @@ from typing import Any
 
 from p40fleet.profile import PROFILES
 
-APPLIER_PATH = Path(__file__).resolve().parent.parent / "files" / "verl_patch.py"
-RECORD_NAME = ".p40fleet-patches.json"
+
+def _applier_path() -> Path:
+    """``files/verl_patch.py`` of the checkout: the one this package sits in (an editable
+    install), else the working directory (a wheel holds no files/; deploys run from the
+    checkout)."""
+    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (root / "files" / "verl_patch.py").is_file():
+            return root / "files" / "verl_patch.py"
+    return Path(__file__).resolve().parent.parent / "files" / "verl_patch.py"
+
+
+#: The applier: the only owner of the patch record's name and format.
+APPLIER_PATH = _applier_path()
+
+
+def load_applier() -> ModuleType:
+    """Import files/verl_patch.py (the one applier implementation) as a module."""
+    name = "p40fleet_verl_patch_applier"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, APPLIER_PATH)
+    if spec is None or spec.loader is None:  # pragma: no cover
+        raise ImportError(f"cannot load {APPLIER_PATH}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: The applier's record in the checkout (its name is the applier's: it owns the format).
+RECORD_NAME: str = load_applier().RECORD_NAME
 
 PATCHED_PROFILES = ("pascal",)
 
@@ -331,20 +360,6 @@ def rule_set(ref: str, profile: str) -> RuleSet:
 def ruleset_json(ref: str, profile: str) -> str:
     """The JSON the host-side applier takes (``--rules``)."""
     return json.dumps(rule_set(ref, profile).to_json_dict(), indent=2, sort_keys=True) + "\n"
-
-
-def load_applier() -> ModuleType:
-    """Import files/verl_patch.py (the one applier implementation) as a module."""
-    name = "p40fleet_verl_patch_applier"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, APPLIER_PATH)
-    if spec is None or spec.loader is None:  # pragma: no cover
-        raise ImportError(f"cannot load {APPLIER_PATH}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def plan(checkout: str | Path, ref: str, profile: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ reinstall HOST [--keep-host-key]    OS reinstall: drop everything but /home, new
 host-key-fingerprint HOST           the host's ssh host key fingerprints, read from its disk
 ssh HOST [CMD...]                   ssh with the lab key and known_hosts (strict)
 known-hosts                         print the lab's known_hosts path and content
-mirror-hook                         (re)run p40lab.mirror.ensure_mirror + start_server
+mirror-hook                         (re)run p40lab.mirror.ensure_mirror + httpd.start_server
 leftovers                           what of the lab is still on the controller
 
 $P40LAB_INSTANCE=NAME runs any of these against another lab instance (its own state dir, bridge,
@@ -46,10 +46,10 @@ def cmd_base(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from p40lab import base, hosts
+    from p40lab import base, hosts, plan
 
     require_root()
-    specs = hosts.plan(args.hosts, args.gpus, args.no_headers, args.os)
+    specs = plan.plan(args.hosts, args.gpus, args.no_headers, args.os)
     base.build()  # cached: a stamp check; first time (or outdated): mmdebstrap, ~30 s
     t0 = time.monotonic()
     hosts.up(specs, keep_disks=args.keep_disks, mirror=not args.no_mirror, timeout=args.timeout)
@@ -83,7 +83,7 @@ def cmd_status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from p40lab import hosts
+    from p40lab import plan, procs
 
     data = st.load()
     console = Console(width=None if sys.stdout.isatty() else 140)
@@ -96,16 +96,16 @@ def cmd_status(args) -> int:
     for col in ("host", "ip", "gpus", "os", "headers", "state", "uptime", "boots"):
         table.add_column(col)
     for h in data["hosts"]:
-        running = lab_up and hosts.host_is_up(h)
-        powered_off = (hosts.host_dirs(h["name"])["run"] / "powered-off").exists()
+        running = lab_up and procs.host_is_up(h)
+        powered_off = (plan.host_dirs(h["name"])["run"] / "powered-off").exists()
         state = "up" if running else ("off" if powered_off and lab_up else "down")
         ids = sorted(set(h["gpus"]))
         color = "green" if running else "red"
         table.add_row(
             h["name"], h["ip"], f"{h['layout']} ({', '.join(ids) or 'none'})", h["os"],
             "yes" if h["headers"] else "no", f"[{color}]{state}[/]",
-            _fmt_uptime(hosts.uptime(h)) if running else "-",
-            str(hosts.boots(h)) if lab_up else "-",
+            _fmt_uptime(procs.uptime(h)) if running else "-",
+            str(procs.boots(h)) if lab_up else "-",
         )  # fmt: skip
     console.print(table)
     console.print(f"mirror {data.get('mirror_url')}  key {data.get('ssh_key')}  "
@@ -171,7 +171,8 @@ def cmd_mirror_hook(args) -> int:
     data = st.load()
     if not st.is_up(data):
         raise LabError(f"the simulated lab is not up: run `{st.cli('up')}`")
-    return 0 if hosts.mirror_hook("start", data) else 1
+    hosts.mirror_hook("start", data)
+    return 0
 
 
 def cmd_leftovers(args) -> int:

@@ -85,7 +85,7 @@ def parse(output: str) -> tuple[list[str], Counter, Counter, Counter]:
 def run(deploy: str, *args: str, inventory: str = SIM_INVENTORY, env: dict | None = None,
         timeout: float = 1800, echo: bool = False) -> RunResult:  # fmt: skip
     """``pyinfra -y INVENTORY DEPLOY ARGS`` from the repo root, counting mirror bytes served."""
-    from p40lab import mirror
+    from p40lab import httpd
 
     # -y skips pyinfra's change detection, which is all a --dry run is for (it never prompts).
     yes = [] if "--dry" in args else ["-y"]
@@ -101,7 +101,7 @@ def run(deploy: str, *args: str, inventory: str = SIM_INVENTORY, env: dict | Non
         sys.stdout.write(proc.stdout)
     connected, changed, unchanged, errors = parse(proc.stdout)
     try:
-        served = mirror.bytes_served(since=since)
+        served = httpd.bytes_served(since=since)
     except OSError:
         served = None
     return RunResult(

@@ -15,8 +15,9 @@ The state file is JSON at ``$P40LAB_STATE`` or ``/var/lib/p40lab/state.json``::
       "stack": {...}        # host data `stack` overrides for sim hosts (set_stack_overrides)
     }
 
-Every change goes through :func:`update` (load, modify, save under an flock), so the mirror
-engineer's :func:`set_stack_overrides` during ``up`` is never overwritten by a stale copy.
+Every change goes through :func:`update` (load, modify, save under an flock), so the
+:func:`set_stack_overrides` of :func:`p40lab.mirror.ensure_mirror` during ``up`` is never
+overwritten by a stale copy.
 The file outlives ``down`` (``"up": false``, hosts kept for reference, ``stack`` kept).
 
 Instances: ``$P40LAB_INSTANCE`` (unset: the default instance, the values above) names a lab of

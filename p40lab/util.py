@@ -1,12 +1,14 @@
-"""Small helpers shared by the lab modules: logging and running commands."""
+"""Small helpers shared by the lab modules: logging, running commands, file digests."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from p40lab.state import LabError
 
@@ -31,6 +33,15 @@ def run(
         err = (proc.stderr or proc.stdout or "").strip()
         raise LabError(f"`{' '.join(cmd)}` failed (rc={proc.returncode}): {err}")
     return proc
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks (the doubles and wheels run to GBs)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def require_root() -> None:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from p40lab.state import MIRROR_URL, LabError
-from p40lab.util import log
+from p40lab.util import log, sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VERL_REQUIREMENTS = REPO_ROOT / "files" / "verl-requirements-lab.txt"
@@ -119,14 +119,6 @@ def _requirements_hash(reqs: list[str]) -> str:
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from p40lab import doubles, mirror
+from p40lab import doubles, httpd, mirror
+from p40lab.artifacts import archive
+from p40lab.artifacts import pins as lab_pins
+from p40lab.artifacts.miniconda import build_miniconda
+from p40lab.util import sha256_file
 
 FIXTURES = Path(__file__).parent / "fixtures"  # copies of shared/fixtures (real captures)
 
@@ -52,7 +56,7 @@ def smi(
     tmp_path: Path, version: str, *args: str, loaded: str | None
 ) -> subprocess.CompletedProcess:
     script = tmp_path / "nvidia-smi"
-    script.write_text(mirror.fill(doubles.source("nvidia-smi.py"), VERSION=version))
+    script.write_text(archive.fill(doubles.source("nvidia-smi.py"), VERSION=version))
     mod = tmp_path / "sys/module/nvidia"
     if loaded is not None:
         mod.mkdir(parents=True, exist_ok=True)
@@ -116,7 +120,7 @@ def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
     assert calls == [1] and again == pins
     name = pins["driver"]["filename"]
     mirror.corrupt_artifact(name, tmp_path)
-    assert mirror.sha256_file(tmp_path / "artifacts" / name) != pins["driver"]["sha256"]
+    assert sha256_file(tmp_path / "artifacts" / name) != pins["driver"]["sha256"]
     assert mirror.ensure_mirror(None, tmp_path) == pins  # restored, not rebuilt
     assert calls == [1]
 
@@ -136,7 +140,7 @@ def test_cudnn_tarball_layout(built):
             assert members[f"{top}/lib/{lib}.so.8.9.7"].isfile()
             assert members[f"{top}/lib/{lib}.so.8"].linkname == f"{lib}.so.8.9.7"
             assert members[f"{top}/lib/{lib}.so"].linkname == f"{lib}.so.8"
-        assert {m.mtime for m in members.values()} == {mirror.FIXED_MTIME}
+        assert {m.mtime for m in members.values()} == {archive.FIXED_MTIME}
         vh = tar.extractfile(f"{top}/include/cudnn_version.h").read().decode()
         so = tar.extractfile(f"{top}/lib/libcudnn.so.8.9.7").read()
     defs = dict(re.findall(r"#define (CUDNN_MAJOR|CUDNN_MINOR|CUDNN_PATCHLEVEL) (\d+)", vh))
@@ -195,7 +199,7 @@ def test_runfile_is_makeself_like(built, tmp_path):
     mirror.corrupt_artifact(pins["driver"]["filename"], d)
     shutil.copy(run, bad)
     mirror.restore_artifact(pins["driver"]["filename"], d)
-    assert mirror.sha256_file(run) == pins["driver"]["sha256"]
+    assert sha256_file(run) == pins["driver"]["sha256"]
     r = subprocess.run(["sh", str(bad), "-s"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2 and "Error in MD5 checksums" in r.stderr
 
@@ -340,11 +344,11 @@ def minicondas(tmp_path_factory):
     root = tmp_path_factory.mktemp("miniconda")
     prefixes = {}
     for key, data in (
-        ("24.11.1", mirror.build_miniconda()),
+        ("24.11.1", build_miniconda()),
         (
             "25.5.1",
-            mirror.build_miniconda(
-                mirror.MINICONDA_TOS_VERSION, mirror.CONDA_TOS_VERSION, tos_plugin=True
+            build_miniconda(
+                lab_pins.MINICONDA_TOS_VERSION, lab_pins.CONDA_TOS_VERSION, tos_plugin=True
             ),
         ),
     ):
@@ -510,7 +514,7 @@ def test_server_logs_bytes(built, tmp_path):
     d, pins = built
     log = tmp_path / "access.log"
     pidf = tmp_path / "mirror.pid"
-    pid = mirror.start_server(d, "127.0.0.1", 18111, access_log=log, pid_file=pidf)
+    pid = httpd.start_server(d, "127.0.0.1", 18111, access_log=log, pid_file=pidf)
     try:
         assert int(pidf.read_text()) == pid
         url = f"http://127.0.0.1:18111/artifacts/{pins['cudnn']['filename']}"
@@ -519,14 +523,14 @@ def test_server_logs_bytes(built, tmp_path):
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen("http://127.0.0.1:18111/artifacts/nope", timeout=5)
         deadline = time.monotonic() + 5  # the server logs after the client has its answer
-        while len(mirror.access_entries(log)) < 2 and time.monotonic() < deadline:
+        while len(httpd.access_entries(log)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
-        assert mirror.stop_server(pid_file=pidf)
+        assert httpd.stop_server(pid_file=pidf)
     assert not pidf.exists()
-    entries = mirror.access_entries(log)
+    entries = httpd.access_entries(log)
     assert [(e["status"], e["path"].rsplit("/", 1)[1]) for e in entries] == [
         (200, pins["cudnn"]["filename"]),
         (404, "nope"),
     ]
-    assert mirror.bytes_served(log, path_prefix="/artifacts/cudnn") == pins["cudnn"]["size"]
+    assert httpd.bytes_served(log, path_prefix="/artifacts/cudnn") == pins["cudnn"]["size"]

@@ -12,13 +12,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 _PROBE = """
 import json, sys
-from p40lab import mirror, net, state as st
+from p40lab import httpd, mirror, net, state as st
 others = sys.argv[1:]
 print(json.dumps({
     "lab_dir": str(st.LAB_DIR), "state": str(st.state_path()), "bridge": st.BRIDGE,
     "subnet": st.SUBNET, "netns": net.netns_name("lab1"), "veth": net.veth_name("lab200"),
-    "mirror_dir": str(mirror.MIRROR_DIR), "mirror_bind": mirror.BIND,
-    "mirror_pid": str(mirror.PID_FILE), "mirror_url": st.MIRROR_URL, "ssh_key": str(st.SSH_KEY),
+    "mirror_dir": str(mirror.MIRROR_DIR), "mirror_bind": httpd.BIND,
+    "mirror_pid": str(httpd.PID_FILE), "mirror_url": st.MIRROR_URL, "ssh_key": str(st.SSH_KEY),
     "matches": [n for n in others if net._OUR_NETNS.fullmatch(n) or net._OUR_VETH.fullmatch(n)],
 }))
 """

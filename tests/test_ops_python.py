@@ -6,6 +6,7 @@ import getpass
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 from types import SimpleNamespace
 
@@ -25,7 +26,7 @@ from facts.conda import (
 )
 from facts.verl import GitCheckout, GitState, VerlPatchCheck
 from operations import apex, conda, torch, training_user, verl
-from p40fleet import apex_build
+from p40fleet import apex_build, verl_patches
 from tests.opharness import run_op
 
 PREFIX = "/home/verl/miniconda3"
@@ -521,10 +522,10 @@ def test_verl_ref_change_guards_local_edits():
     state = GitState(True, True, "0" * 40, REMOTE, ("verl/workers/actor/dp_actor.py",))
     result = _checkout(state)
     assert "fetch --quiet --tags --force origin" in result.commands[0]
-    assert (
-        result.commands[1].startswith("python3 -c")
-        and ".p40fleet-patches.json" in result.commands[1]
-    )
+    # the guard is the applier's own --guard mode, its text run as the program (not uploaded yet)
+    guard = shlex.split(result.commands[1])
+    assert guard[:2] == ["python3", "-c"] and guard[2] == verl_patches.APPLIER_PATH.read_text()
+    assert guard[3:] == ["--checkout", "/home/verl/verl", "--guard", "v0.5.0^{commit}"]
     assert "checkout --quiet 'v0.5.0^{commit}'" in result.commands[2]
     assert " -f" not in result.commands[2]
 

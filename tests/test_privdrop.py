@@ -26,6 +26,7 @@ from facts.verify import VerifyProbe, render_probe
 from operations import apex, conda, torch, training, training_user, verl
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.spec import load_spec
+from p40fleet.verification.probe import ProbeTargets
 from tests.opharness import run_op
 
 SPEC = load_spec("lab1", {})
@@ -66,8 +67,17 @@ def _under_home_args(cls: type[FactBase]) -> dict:
         "verl_ref": "v0.5.0",
         "overrides": (),
     }
-    params = inspect.signature(cls.command).parameters
-    return {name: values.get(name, f"{HOME}/{name}") for name in params if name not in ("self",)}
+    args = {name: values.get(name, f"{HOME}/{name}") for name in _command_params(cls)}
+    if cls is VerifyProbe:  # its one argument is the targets: every path under the home
+        return {"targets": ProbeTargets(**args)}
+    return args
+
+
+def _command_params(cls: type[FactBase]) -> set[str]:
+    """The names ``cls().command`` takes (the probe's: its targets' fields)."""
+    if cls is VerifyProbe:
+        return set(ProbeTargets._fields)
+    return set(inspect.signature(cls.command).parameters) - {"self"}
 
 
 def test_every_fact_that_takes_a_home_path_runs_as_the_training_user():
@@ -79,7 +89,7 @@ def test_every_fact_that_takes_a_home_path_runs_as_the_training_user():
                  "RunLock"}  # fmt: skip
     checked = []
     for cls in _project_facts():
-        params = set(inspect.signature(cls.command).parameters) - {"self"}
+        params = _command_params(cls)
         if "user" not in params:
             # root's own files (cache, CUDA dir, /etc): never under the training user's home
             assert cls.__name__ in root_side or not params & {
@@ -133,7 +143,7 @@ def test_operations_ask_their_home_facts_with_the_training_user():
 
 
 def test_verify_probe_runs_the_env_and_git_only_as_the_training_user():
-    probe = render_probe(**_under_home_args(VerifyProbe))
+    probe = render_probe(_under_home_args(VerifyProbe)["targets"])
     assert "safe.directory=" not in probe and "-c safe" not in probe
     # the env's python, git and every read under the home go through asu (p40fleet_as)
     assert '| asu $T "$PY" - "$@"' in probe
@@ -308,10 +318,10 @@ def test_system_account_refusal_names_another_user_never_usermod():
 
 
 def test_the_verify_probe_answers_through_the_drop_and_never_runs_the_env_as_root(open_tmp):
-    """S1 for real: the whole probe on a fake host (tests/test_checks.py) as root with the
+    """S1 for real: the whole probe on a fake host (tests/test_verification.py) as root with the
     training user ``nobody``: the env's python answers, and its .pth ran as nobody only."""
-    from p40fleet.checks import parse_probe
-    from tests.test_checks import _fake_host
+    from p40fleet.verification.probe import parse_probe
+    from tests.test_verification import _fake_host
 
     nobody = _needs_root_and_nobody()
     params = {**_fake_host(open_tmp), "user": "nobody"}
@@ -324,7 +334,9 @@ def test_the_verify_probe_answers_through_the_drop_and_never_runs_the_env_as_roo
     )
     for path in open_tmp.rglob("*"):  # the fake host's files are the user's, readable by it
         path.chmod(path.stat().st_mode | 0o055)
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     python = answers.section("python")
     assert python is not None and python.answer and python.answer.get("version"), proc.stdout

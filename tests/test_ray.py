@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from facts.ray import HasSystemd, RayStatus
-from p40fleet.checks import FAIL, PASS, SKIP
 from p40fleet.ray import (
     UNIT_PATH,
     RayError,
@@ -22,8 +21,9 @@ from p40fleet.ray import (
     systemd_path,
     systemd_quote,
 )
-from p40fleet.ray_checks import ray_checks
 from p40fleet.spec import SpecError, load_spec
+from p40fleet.verification.check import FAIL, PASS, SKIP
+from p40fleet.verification.ray_checks import ray_checks
 
 #: The tests' own user: the facts' privilege drop runs without runuser then.
 ME = getpass.getuser()

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from p40fleet import report
-from p40fleet.checks import FAIL, PASS, SKIP, Check
+from p40fleet.verification.check import FAIL, PASS, SKIP, Check
 
 GOOD = [
     Check("torch version", PASS, "2.6.0+cu118 True (6, 1)"),

@@ -230,7 +230,7 @@ def test_a_host_without_a_plan_is_refused():
 def test_the_hosts_plan_is_made_from_its_own_facts():
     """``host_plan`` / ``training_target`` with pyinfra's ``host`` (a context proxy)."""
     from facts.gpu import PciGpus
-    from tests.test_checks import p40
+    from tests.test_verification import p40
 
     targets = []
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from p40fleet import report, verify_cli
-from p40fleet.checks import PASS, SKIP, Check
+from p40fleet.verification.check import PASS, SKIP, Check
 
 REPO = Path(__file__).resolve().parent.parent
 DEAD = '("deadhost", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})'
@@ -143,7 +143,7 @@ def test_no_host_reachable_is_1(tmp_path):
 FAKE_PYINFRA = """
 import json, os, sys
 from p40fleet import report
-from p40fleet.checks import Check
+from p40fleet.verification.check import Check
 checks = [Check("torch version", "PASS", "2.6.0+cu118 True (6, 1)"),
           Check("torch cuda", "SKIP", "simulated host: no real GPU behind torch.cuda")]
 report.write_report(report.build_report({"lab1": report.host_entry(checks)}),

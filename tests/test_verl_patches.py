@@ -281,6 +281,89 @@ def test_applier_runs_on_python38(checkout, tmp_path):
     assert subprocess.run(cmd, stdout=subprocess.PIPE).returncode == A.EXIT_NO_CHANGE
 
 
+# --- the guard before a ref change (--guard) --------------------------------------------------
+
+
+@pytest.fixture()
+def repo(checkout) -> Path:
+    """The sdist as a git checkout at tag v1, its upstream's v2 adds NEWS.md (as a ref bump)."""
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(checkout), *args], check=True, capture_output=True)
+
+    commit = ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q"]
+    git("init", "-q")
+    git("add", "-A")
+    git(*commit, "-m", "v1")
+    git("tag", "v1")
+    (checkout / "NEWS.md").write_text("upstream\n")
+    git("add", "NEWS.md")
+    git(*commit, "-m", "v2")
+    git("tag", "v2")
+    git("checkout", "-q", "v1")
+    return checkout
+
+
+def guard(co: Path, target: str = "v2^{commit}") -> subprocess.CompletedProcess:
+    """The guard as operations/verl.checkout runs it, before moving ``co`` to ``target``."""
+    cmd = [sys.executable, str(APPLIER), "--checkout", str(co), "--guard", target]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def modified(co: Path) -> list[str]:
+    out = subprocess.run(["git", "-C", str(co), "diff", "--name-only"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return sorted(out.split())
+
+
+def test_guard_passes_our_patches_and_restores_them(repo):
+    patched = sorted(vp.apply(repo, "v0.5.0", "pascal")["writes"])
+    assert patched and modified(repo) == patched
+    proc = guard(repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert modified(repo) == []  # our patches dropped: the checkout to v2 needs no -f
+
+
+def test_guard_refuses_an_edit_besides_our_patches_and_touches_nothing(repo):
+    patched = sorted(vp.apply(repo, "v0.5.0", "pascal")["writes"])
+    init = repo / "verl" / "__init__.py"
+    init.write_text(init.read_text() + "# mine\n")
+    proc = guard(repo)
+    assert proc.returncode == A.EXIT_LOCAL_EDITS, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == (
+        f"verl checkout {repo} has local edits in: verl/__init__.py; commit or save them "
+        f"elsewhere, then 'git -C {repo} checkout -- <files>' and re-run"
+    )
+    assert modified(repo) == sorted([*patched, "verl/__init__.py"])  # nothing restored
+    assert init.read_text().endswith("# mine\n")
+
+
+def test_guard_refuses_an_edit_of_a_patched_file(repo):
+    patched = sorted(vp.apply(repo, "v0.5.0", "pascal")["writes"])
+    edited = repo / patched[0]
+    edited.write_text(edited.read_text() + "# mine\n")
+    proc = guard(repo)
+    assert proc.returncode == A.EXIT_LOCAL_EDITS
+    assert f"has local edits in: {patched[0]};" in proc.stdout
+    assert edited.read_text().endswith("# mine\n")
+
+
+def test_guard_refuses_an_untracked_file_where_the_target_has_one(repo):
+    (repo / "NEWS.md").write_text("mine\n")
+    proc = guard(repo)
+    assert proc.returncode == A.EXIT_LOCAL_EDITS
+    assert proc.stdout.strip() == (
+        f"verl checkout {repo}: untracked file(s) of yours where v2^{{commit}} has files: "
+        "NEWS.md; move them elsewhere and re-run (they are never overwritten)"
+    )
+    assert (repo / "NEWS.md").read_text() == "mine\n"
+
+
+def test_the_record_name_is_the_appliers():
+    assert vp.RECORD_NAME == A.RECORD_NAME == ".p40fleet-patches.json"
+    assert vp.RECORD_NAME not in Path(ROOT / "operations" / "verl.py").read_text()
+
+
 # --- the lab's verl remote -------------------------------------------------------------------
 
 

@@ -62,10 +62,10 @@ class Lab:
 
     # --- lifecycle -------------------------------------------------------------------------
     def up(self, gpus: str | None = None, **plan_kw) -> dict:
-        from p40lab import base, hosts
+        from p40lab import base, hosts, plan
 
         base.build()  # no-op when cached
-        specs = hosts.plan(None, gpus or self.gpus, **plan_kw)
+        specs = plan.plan(None, gpus or self.gpus, **plan_kw)
         t0 = time.monotonic()
         data = hosts.up(specs, mirror=self.mirror)
         self.up_seconds = time.monotonic() - t0

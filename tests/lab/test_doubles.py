@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from p40lab import mirror
+from p40lab.artifacts import pins as lab_pins
 
 if not (Path(__file__).parent / "conftest.py").exists():
     pytest.skip("the lab fixture (tests/lab/conftest.py) is not there yet", allow_module_level=True)
@@ -21,10 +22,10 @@ if not (Path(__file__).parent / "conftest.py").exists():
 pytestmark = pytest.mark.lab
 
 ART = f"{mirror.BASE_URL}/artifacts"  # this lab instance's mirror (tests/conftest.py)
-DRIVER = mirror.driver_filename(mirror.DRIVER_VERSION)
-OLD_DRIVER = mirror.driver_filename(mirror.EXTRA_DRIVER_VERSIONS[0])
-CUDA = mirror.CUDA_FILENAME
-MINICONDA = mirror.MINICONDA_FILENAME
+DRIVER = lab_pins.driver_filename(lab_pins.DRIVER_VERSION)
+OLD_DRIVER = lab_pins.driver_filename(lab_pins.EXTRA_DRIVER_VERSIONS[0])
+CUDA = lab_pins.CUDA_FILENAME
+MINICONDA = lab_pins.MINICONDA_FILENAME
 CHANNEL = f"{mirror.BASE_URL}/conda"  # the mirror's conda channel (p40lab.sim_stack)
 
 
@@ -108,9 +109,9 @@ def test_driver_flow(lab):
     sh(lab, host, "! test -e /sys/module/nouveau")
     r = sh(lab, host, f"{run} --silent --dkms")
     r = sh(lab, host, "modinfo -F version nvidia")
-    assert r.stdout.strip() == mirror.DRIVER_VERSION
+    assert r.stdout.strip() == lab_pins.DRIVER_VERSION
     r = sh(lab, host, "dkms status")
-    assert f"nvidia/{mirror.DRIVER_VERSION}, " in r.stdout and ": installed" in r.stdout
+    assert f"nvidia/{lab_pins.DRIVER_VERSION}, " in r.stdout and ": installed" in r.stdout
     # installed but not loaded before the reboot
     r = sh(lab, host, "nvidia-smi", ok=False)
     assert r.returncode == 9
@@ -119,7 +120,7 @@ def test_driver_flow(lab):
     r = sh(lab, host, "nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader")
     rows = r.stdout.strip().splitlines()
     assert len(rows) == 4
-    assert all(row.endswith(f"Tesla P40, {mirror.DRIVER_VERSION}") for row in rows)
+    assert all(row.endswith(f"Tesla P40, {lab_pins.DRIVER_VERSION}") for row in rows)
     assert "Driver Version: 525.147.05" in sh(lab, host, "nvidia-smi").stdout
     # another version: the installer uninstalls the old one first; mismatch until reboot
     fetch(lab, host, OLD_DRIVER)
@@ -208,8 +209,8 @@ def test_conda_tos_plugin_flow(lab):
     """Miniconda 25.5.1 bundles conda-anaconda-tos: create on the defaults needs the ToS."""
     host = "lab3"
     lab.reinstall(host)
-    fetch(lab, host, mirror.MINICONDA_TOS_FILENAME)
-    sh(lab, host, f"bash /root/art/{mirror.MINICONDA_TOS_FILENAME} -b -p /root/mc")
+    fetch(lab, host, lab_pins.MINICONDA_TOS_FILENAME)
+    sh(lab, host, f"bash /root/art/{lab_pins.MINICONDA_TOS_FILENAME} -b -p /root/mc")
     conda = "/root/mc/bin/conda"
     assert sh(lab, host, f"{conda} --version").stdout.strip() == "conda 25.5.1"
     sh(lab, host, f"{conda} tos --help")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from p40lab import mirror, runs
+from p40lab import httpd, mirror, runs
+from p40lab.util import sha256_file
 
 pytestmark = pytest.mark.lab
 
@@ -170,7 +171,7 @@ def test_artifact_missing_from_the_mirror_then_restored(fleet):
 def test_mirror_not_answering_then_back(fleet):
     lab = fleet["lab"]
     lab.reinstall("lab2")
-    mirror.stop_server()
+    httpd.stop_server()
     try:
         result = full()
         lines = error_lines(result, "lab2")
@@ -178,7 +179,7 @@ def test_mirror_not_answering_then_back(fleet):
         assert "did not answer" in lines and "start the mirror" in lines, lines
         converged(result, "lab1")  # converged already: needs nothing from the mirror
     finally:
-        mirror.start_server()
+        httpd.start_server()
     converged(full(), "lab1", "lab2")
     home_intact(lab)
 
@@ -195,7 +196,7 @@ def test_download_cut_halfway_resumes_with_a_range_and_verifies_the_whole_file(f
     total = (mirror.MIRROR_DIR / "artifacts" / name).stat().st_size
     lab.ssh("lab2", f"rm -f {cached} {cached}.verified {cached}.part", check=True)
     env = dict(CONTROLLER_CACHE)
-    mirror.start_server(rate=max(total // 20, 1024))  # ~20 s for the whole file
+    httpd.start_server(rate=max(total // 20, 1024))  # ~20 s for the whole file
     try:
         runs_out: list = []
         cut = threading.Thread(
@@ -207,10 +208,10 @@ def test_download_cut_halfway_resumes_with_a_range_and_verifies_the_whole_file(f
             if part.exists() and part.stat().st_size >= total * 0.3:
                 break
             time.sleep(0.2)
-        mirror.stop_server()  # the mirror goes away mid-download
+        httpd.stop_server()  # the mirror goes away mid-download
         cut.join(timeout=600)
     finally:
-        mirror.start_server()
+        httpd.start_server()
     (first,) = runs_out
     lines = error_lines(first, "lab2")
     assert first.errors["lab2"] == 1, first.output[-3000:]
@@ -223,12 +224,12 @@ def test_download_cut_halfway_resumes_with_a_range_and_verifies_the_whole_file(f
     lines = error_lines(second, "lab2")
     assert not second.errors["lab2"], second.output[-3000:]
     assert f"{name}: resuming from byte {kept}" in lines and "sha256 verified" in lines, lines
-    fetched = mirror.bytes_served(since=since, path_prefix=f"/artifacts/{name}")
+    fetched = httpd.bytes_served(since=since, path_prefix=f"/artifacts/{name}")
     assert fetched == total - kept, (fetched, total, kept)  # only the rest
     print(f"resume: {kept} of {total} bytes kept, {fetched} fetched on the re-run")
     marker = lab.ssh("lab2", f"cat {cached}.verified", check=True).stdout.split()
     want = lab.ssh("lab2", f"sha256sum {cached}", check=True).stdout.split()[0]
-    assert marker[2] == want == mirror.sha256_file(mirror.MIRROR_DIR / "artifacts" / name)
+    assert marker[2] == want == sha256_file(mirror.MIRROR_DIR / "artifacts" / name)
 
 
 def test_too_little_space_for_the_cuda_unpack(fleet):
@@ -348,10 +349,10 @@ def test_sudo_password_never_appears(fleet):
     """A real sudo password (``admin-pw``'s sudo asks it): the run converges through it, and
     it is in no output, log or file; but pyinfra sends it in the remote command line, which any
     user of the host can read while that command starts (S18: README "When it fails")."""
-    from p40lab import hosts
+    from p40lab import disks, hosts
 
     lab = fleet["lab"]
-    secret = hosts.sudo_password_file().read_text().strip()
+    secret = disks.sudo_password_file().read_text().strip()
     # sudo really asks admin-pw for a password (no NOPASSWD rule, no cached ticket)
     asks = lab.ssh("lab1", "sudo -n true", user="admin-pw")
     assert asks.returncode == 1 and "password is required" in asks.stderr, asks.stderr

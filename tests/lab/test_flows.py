@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from p40lab import mirror, runs
+from p40lab import httpd, mirror, runs
 
 pytestmark = pytest.mark.lab
 
@@ -51,7 +51,7 @@ def checks_of(report: Path, host: str) -> dict[str, dict]:
 
 def training_bytes(since: float) -> int:
     """Bytes of the training model/data archives the mirror sent since ``since``."""
-    return mirror.bytes_served(since=since, path_prefix=TRAINING_ARCHIVES)
+    return httpd.bytes_served(since=since, path_prefix=TRAINING_ARCHIVES)
 
 
 def assert_converged(result: runs.RunResult, hosts=PROVISIONED) -> None:
@@ -264,7 +264,7 @@ def test_verl_ref_bump_reruns_only_the_verl_steps(fleet):
 def fetched_by(lab, name: str, since: float) -> dict[str, int]:
     """Mirror path -> body bytes sent to host ``name`` since ``since`` (its access log)."""
     ip, out = lab.host(name)["ip"], {}
-    for e in mirror.access_entries():
+    for e in httpd.access_entries():
         if e["client"] == ip and e["time"] >= since and e["bytes"]:
             out[e["path"]] = out.get(e["path"], 0) + e["bytes"]
     return out

@@ -20,7 +20,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from p40lab import fakehw, hosts
+from p40lab import fakehw, plan, procs
 from p40lab import state as lab_state
 
 pytestmark = pytest.mark.lab
@@ -55,17 +55,17 @@ def wait_uptime_over(lab, host: str, seconds: float) -> float:
 
 
 def test_plan_layouts_and_options():
-    specs = hosts.plan(None, "4xP40,0,2x1eb8,1xH200", "lab2,3", ["lab4=debian12"])
+    specs = plan.plan(None, "4xP40,0,2x1eb8,1xH200", "lab2,3", ["lab4=debian12"])
     assert [s.name for s in specs] == ["lab1", "lab2", "lab3", "lab4"]
     assert [len(s.gpus) for s in specs] == [4, 0, 2, 1]
     assert specs[2].gpus[0].pci_id == "10de:1eb8" and specs[2].gpus[0].name == "T4"
     assert [s.headers for s in specs] == [True, False, False, True]
     assert [s.os for s in specs] == ["ubuntu20.04"] * 3 + ["debian12"]
-    assert [len(s.gpus) for s in hosts.plan(3, "2xP40")] == [2, 2, 2]
+    assert [len(s.gpus) for s in plan.plan(3, "2xP40")] == [2, 2, 2]
     assert fakehw.parse_layout("2x10de:abcd")[0].pci_id == "10de:abcd"
     for bad in (dict(n=3, gpus="1xP40,2xP40"), dict(gpus="4xQ99"), dict(gpus="P40", os_opts=["x"])):
-        with pytest.raises(hosts.LabError):
-            hosts.plan(**bad)
+        with pytest.raises(lab_state.LabError):
+            plan.plan(**bad)
 
 
 # --------------------------------------------------------------------------- reachability
@@ -295,11 +295,11 @@ def test_reboot_from_inside_and_pyinfra_server_reboot(lab, tmp_path):
 def test_poweroff_stays_off_until_power_button(lab):
     lab.ssh("lab4", "echo on-disk > /root/survives; poweroff")
     deadline = time.monotonic() + 10
-    while hosts.host_is_up(lab.host("lab4")):
+    while procs.host_is_up(lab.host("lab4")):
         assert time.monotonic() < deadline, "lab4 did not power off"
         time.sleep(0.1)
     time.sleep(0.5)
-    assert not hosts.host_is_up(lab.host("lab4"))  # stays off: no reboot by the supervisor
+    assert not procs.host_is_up(lab.host("lab4"))  # stays off: no reboot by the supervisor
     lab.reboot("lab4")  # the power button
     out = lab.ssh("lab4", "cat /root/survives; rm /root/survives", check=True).stdout
     assert out.strip() == "on-disk"

@@ -218,11 +218,11 @@ def range_server(tmp_path):
     import threading
     from http.server import ThreadingHTTPServer
 
-    from p40lab import mirror
+    from p40lab import httpd
 
     root, log = tmp_path / "srv", tmp_path / "access.log"
     root.mkdir()
-    handler = type("H", (mirror._Handler,), {"access_log": log, "rate": 0})
+    handler = type("H", (httpd._Handler,), {"access_log": log, "rate": 0})
     srv = ThreadingHTTPServer(
         ("127.0.0.1", 0), lambda *a, **kw: handler(*a, directory=str(root), **kw)
     )
@@ -240,9 +240,9 @@ def range_server(tmp_path):
 
 def served(log) -> list[tuple[int, int]]:
     """(status, body bytes) per request, from the mirror's access log."""
-    from p40lab import mirror
+    from p40lab import httpd
 
-    return [(e["status"], e["bytes"]) for e in mirror.access_entries(log)]
+    return [(e["status"], e["bytes"]) for e in httpd.access_entries(log)]
 
 
 def blob(size: int) -> bytes:

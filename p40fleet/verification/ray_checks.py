@@ -7,8 +7,8 @@ many GPUs on this node as the host has on its PCI bus (SKIP on simulated hosts: 
 
 from __future__ import annotations
 
-from p40fleet.checks import FAIL, PASS, SIMULATED, SKIP, Check
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayProbe
+from p40fleet.verification.check import FAIL, PASS, SIMULATED, SKIP, Check
 
 __all__ = ["ray_checks"]
 

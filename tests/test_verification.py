@@ -1,4 +1,4 @@
-"""p40fleet.checks: crafted probe outputs -> PASS / FAIL / SKIP, and the real probe script.
+"""p40fleet.verification: crafted probe outputs -> PASS / FAIL / SKIP, and the real probe script.
 
 The crafted outputs are what ``files/verify-probe.sh.j2`` prints (sections of key=value lines,
 ``@@json`` answers, raw command output, ``@@rc``). The last tests render the real probe and run
@@ -19,20 +19,12 @@ import pytest
 
 from facts.gpu import PciGpu
 from facts.verify import VerifyProbe, render_probe
-from p40fleet.checks import (
-    CHECK_NAMES,
-    FAIL,
-    PASS,
-    SKIP,
-    Check,
-    host_verdict,
-    parse_probe,
-    run_checks,
-    spec_failure,
-)
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
+from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
+from p40fleet.verification.probe import ProbeTargets, parse_probe
+from p40fleet.verification.run import CHECK_NAMES, PROBE, REGISTRY, run_checks
 from p40fleet.verl_patches import rule_set
 
 SPEC = load_spec("lab1", {})
@@ -557,6 +549,16 @@ def test_probe_without_output_or_cut_short():
     assert checks["verl version"].status == FAIL  # its section never came
 
 
+def test_every_check_reports_the_name_the_registry_gives_it():
+    """CHECK_NAMES is derived from the registry: each check must report under its entry's name
+    (a renamed check or a reordered registry fails here, not in the fleet table)."""
+    ran = [c.name for c in run_checks(parse_probe(sections()), SPEC, GPUS, apex_key=APEX_KEY,
+                                      training=TARGET)]  # fmt: skip
+    assert ran == [name for name in CHECK_NAMES if name != PROBE]
+    assert CHECK_NAMES == tuple(name for name, _ in REGISTRY)
+    assert CHECK_NAMES[:2] == ("gpus", "probe") and len(set(CHECK_NAMES)) == len(CHECK_NAMES)
+
+
 def test_check_rejects_unknown_status():
     with pytest.raises(ValueError):
         Check("x", "OK", "")
@@ -628,8 +630,8 @@ def _fake_host(tmp: Path) -> dict[str, str]:
 def test_real_probe_runs_read_only_and_parses(tmp_path):
     params = _fake_host(tmp_path)
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    script = render_probe(**params)
-    assert VerifyProbe().command(**params) == script
+    script = render_probe(ProbeTargets(**params))
+    assert VerifyProbe().command(ProbeTargets(**params)) == script
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     answers = VerifyProbe().process(proc.stdout.splitlines())
@@ -656,7 +658,9 @@ def test_real_probe_sees_a_copied_cudnn_file(tmp_path):
     lib = Path(params["cuda_dir"]) / "lib64" / "libcudnn.so.8.9.7"
     lib.unlink()
     lib.write_bytes(b"\x7fELF")  # a copy, not a hard link
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     checks = {c.name: c for c in run_checks(parse_probe(proc.stdout.splitlines()), SPEC, GPUS)}
     assert checks["cudnn hard links"].status == FAIL
     assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
@@ -671,7 +675,9 @@ def test_real_probe_imports_torch_once_for_all_python_sections(tmp_path):
         init.write_text(
             "import os, sys\nprint('pid=%d' % os.getpid(), file=sys.stderr)\n" + init.read_text()
         )
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     torch_pids = [n for n in answers.section("torch").noise if n.startswith("pid=")]
     verl_pids = [n for n in answers.section("verl").noise if n.startswith("pid=")]
@@ -688,7 +694,9 @@ def test_real_probe_asks_again_alone_when_an_import_kills_the_interpreter(tmp_pa
         "import os, sys\nprint('segfault in verl', file=sys.stderr)\nsys.stderr.flush()\n"
         "os._exit(139)\n"
     )
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     assert answers.complete, proc.stdout
     assert proc.stdout.splitlines().count("@@section verl") == 1, proc.stdout
@@ -710,7 +718,9 @@ def test_real_probe_does_not_ask_a_hanging_section_twice(tmp_path, monkeypatch):
     (site / "torch" / "__init__.py").write_text(  # CUDA init that never returns
         f"open({str(imports)!r}, 'a').write('x')\nimport time\ntime.sleep(60)\n"
     )
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     assert answers.complete, proc.stdout
     assert answers.section("torch").rc == 124
@@ -770,7 +780,9 @@ def test_real_probe_runs_the_training_path(tmp_path):
     params["overrides"] = plan.overrides
     target = TrainingTarget(params["model_path"], params["train_file"], params["val_file"],
                             plan.overrides)  # fmt: skip
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     assert answers.complete, proc.stdout + proc.stderr
     checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=target)}
@@ -786,7 +798,9 @@ def test_real_probe_runs_the_training_path(tmp_path):
                                 params["overrides"])  # fmt: skip
     (site / "verl" / "trainer" / "main_ppo.py").write_text("import torchdata_not_here\n")
     Path(params["val_file"]).unlink()
-    proc = subprocess.run(["sh", "-c", render_probe(**params)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
     answers = parse_probe(proc.stdout.splitlines())
     checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=bad_target)}
     overrides = checks["launch overrides"]
@@ -814,3 +828,44 @@ def test_a_card_known_only_by_its_chip_family_is_not_unknown_to_verify():
     assert checks["gpus"].status == PASS, checks["gpus"].detail
     assert "unknown" not in checks["gpus"].detail
     assert "chip family GP102" in checks["gpus"].detail
+
+
+def test_the_verification_package_imports_one_way():
+    """check <- probe <- system_checks, python_checks, ray_checks <- run: no module imports one
+    on its own floor or above it (so none can import in a circle)."""
+    import ast
+
+    floor = {"check": 0, "probe": 1, "system_checks": 2, "python_checks": 2, "ray_checks": 2,
+             "run": 3}  # fmt: skip
+    package = Path(__file__).resolve().parent.parent / "p40fleet" / "verification"
+    assert {p.stem for p in package.glob("*.py")} - {"__init__"} == set(floor)
+    for name, level in floor.items():
+        tree = ast.parse((package / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "p40fleet.verification":
+                used = [alias.name for alias in node.names if alias.name in floor]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "p40fleet.verification."
+            ):
+                used = [node.module.rsplit(".", 1)[1]]
+            else:
+                continue
+            for other in used:
+                assert floor[other] < level, f"{name}.py imports {other} (same floor or above)"
+
+
+def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():
+    """deploy/verify.py (the fact) and the run after the last operation probe the same targets,
+    built once; they are hashable, and a stored plain copy (the fact batch's plan, JSON) renders
+    the same probe."""
+    from operations.verification import probe_targets
+    from p40fleet.verl_patches import RECORD_NAME
+
+    targets = probe_targets(SPEC, TARGET)
+    assert hash(targets) == hash(probe_targets(SPEC, TARGET))
+    with pytest.raises(AttributeError):
+        targets.user = "root"  # type: ignore[misc]
+    assert targets.patch_record == f"{SPEC.env.verl_checkout}/{RECORD_NAME}"
+    assert (targets.model_path, targets.overrides) == (MODEL, OVERRIDES)
+    stored = json.loads(json.dumps(targets))
+    assert VerifyProbe().command(stored) == VerifyProbe().command(targets) == render_probe(targets)

@@ -1,4 +1,4 @@
-"""operations.nouveau: blacklist content, initramfs freshness, reboot or refuse."""
+"""operations.nouveau and facts.nouveau: blacklist, initramfs freshness, reboot or refuse."""
 
 from __future__ import annotations
 
@@ -82,3 +82,12 @@ def test_loaded_with_allow_reboot_reboots_with_short_delay_and_confirms():
     )
     assert cells["delay"].cell_contents == nouveau.REBOOT_DELAY_S == 2
     assert cells["reboot_timeout"].cell_contents == nouveau.REBOOT_TIMEOUT_S
+
+
+# -- facts.nouveau ---------------------------------------------------------------------------
+
+
+def test_nouveau_loaded():
+    assert NouveauLoaded().process(["yes"]) is True
+    assert NouveauLoaded().process(["no"]) is False
+    assert "/sys/module/nouveau" in NouveauLoaded().command()

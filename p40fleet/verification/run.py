@@ -1,0 +1,110 @@
+"""Verification checks: raw probe answers + stack spec + GPU facts -> PASS / FAIL / SKIP.
+
+Pure functions, no pyinfra: :mod:`.probe` reads the probe's answers, :func:`run_checks` runs
+every check of :mod:`.system_checks` and :mod:`.python_checks`, in :data:`CHECK_NAMES` order, on
+them and on what the spec and the host's PCI GPU facts say they must be. The statuses and the
+verdict are in :mod:`.check`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from p40fleet.spec import StackSpec
+from p40fleet.training import TrainingTarget
+from p40fleet.verification import python_checks as py
+from p40fleet.verification import system_checks as system
+from p40fleet.verification.check import FAIL, Check
+from p40fleet.verification.probe import CheckContext, ProbeAnswers
+
+__all__ = ["CHECK_NAMES", "PROBE", "REGISTRY", "run_checks"]
+
+#: The check reported between ``gpus`` and the rest only when the probe broke (no function).
+PROBE = "probe"
+
+#: Every check in the order :func:`run_checks` reports it, by the name it reports.
+REGISTRY: tuple[tuple[str, Callable[[CheckContext], Check] | None], ...] = (
+    ("gpus", system.gpus),
+    (PROBE, None),
+    ("nouveau", system.nouveau),
+    ("driver installed", system.driver_installed),
+    ("dkms", system.dkms),
+    ("nvidia-smi gpus", system.smi_gpus),
+    ("nvidia-smi driver", system.smi_driver),
+    ("nvcc", system.nvcc),
+    ("cudnn version", system.cudnn_version),
+    ("cudnn hard links", system.cudnn_links),
+    ("python version", py.python_version),
+    ("torch version", py.torch_version),
+    ("torch cuda", py.torch_cuda),
+    ("torch capability", py.torch_capability),
+    ("apex", py.apex),
+    ("apex cuda ext", py.apex_cuda),
+    ("apex build key", py.apex_key),
+    ("verl version", py.verl_version),
+    ("verl checkout", py.verl_checkout),
+    ("verl patches", py.verl_patches),
+    ("trainer modules", py.trainer_modules),
+    ("launch overrides", py.launch_overrides),
+    ("model files", py.model_files),
+    ("data files", py.data_files),
+)
+
+#: Names of the checks :func:`run_checks` returns, in order (``probe`` only when it broke).
+CHECK_NAMES = tuple(name for name, _ in REGISTRY)
+
+_AFTER_THE_PROBE = tuple(check for _, check in REGISTRY[CHECK_NAMES.index(PROBE) + 1 :] if check)
+
+
+def run_checks(
+    answers: ProbeAnswers,
+    spec: StackSpec,
+    pci_gpus: Iterable[Any],
+    *,
+    apex_key: str | None = None,
+    training: TrainingTarget | None = None,
+) -> list[Check]:
+    """Every check for one host, in :data:`CHECK_NAMES` order.
+
+    ``pci_gpus``: the host's ``facts.gpu.PciGpu`` list (anything with ``bus_id`` and
+    ``device_id``). ``apex_key``: the Apex build key the spec needs on this host (None: SKIP).
+    ``training``: the host's launch plan (overrides, model and data paths) the training-path
+    checks compare the probe's answers with (None: those SKIP).
+    """
+    pci = tuple(pci_gpus)
+    summary = spec.gpu_summary(pci)
+    host = answers.section("host")
+    ctx = CheckContext(
+        spec=spec,
+        answers=answers,
+        pci=pci,
+        sim=bool(host and host.get("sim") == "yes"),
+        lowest=summary.lowest_capability,
+        profile=summary.profile,
+        apex_key=apex_key,
+        training=training,
+    )
+    checks = [system.gpus(ctx)]
+    if not answers.started:
+        checks.append(
+            Check(
+                PROBE,
+                FAIL,
+                "the verify probe gave no answer (no output)",
+                "run `pyinfra INVENTORY deploy/verify.py --debug` to see why",
+            )
+        )
+        return checks
+    if not answers.complete:
+        last = list(answers.sections)[-1] if answers.sections else "start"
+        checks.append(
+            Check(
+                PROBE,
+                FAIL,
+                f"the verify probe stopped early (last section: {last})",
+                "run `pyinfra INVENTORY deploy/verify.py --debug` to see why",
+            )
+        )
+    checks += [check(ctx) for check in _AFTER_THE_PROBE]
+    return checks

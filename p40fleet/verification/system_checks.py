@@ -1,0 +1,385 @@
+"""The system layer's checks: GPUs, nouveau, driver, DKMS, nvidia-smi, nvcc, cuDNN."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from p40fleet.gpu_catalog import NVIDIA_VENDOR_ID, lookup, normalize_bus_id, parse_pci_id
+from p40fleet.verification.check import (
+    FAIL,
+    PASS,
+    SIMULATED,
+    SKIP,
+    Check,
+    force_reinstall,
+    no_answer,
+)
+from p40fleet.verification.probe import CheckContext, Section
+
+_SYSTEM = "run `pyinfra -y INVENTORY deploy/system.py`"
+
+
+def _first_line(section: Section | None, limit: int = 200) -> str:
+    if section is None:
+        return ""
+    for line in section.raw + section.noise:
+        if line.strip():
+            text = line.strip()
+            return text if len(text) <= limit else text[: limit - 3] + "..."
+    return ""
+
+
+def gpus(ctx: CheckContext) -> Check:
+    # each PCI fact carries its model (catalog or chip family): no bare ids
+    summary = ctx.spec.gpu_summary(ctx.pci)
+    if not summary.gpu_count:
+        return Check(
+            "gpus",
+            FAIL,
+            "no NVIDIA GPU found on the PCI bus (sysfs): nothing to verify the stack on",
+            "run deploy/facts.py; check the GPUs are seated and visible "
+            "(ls /sys/bus/pci/devices, lspci -nn | grep -i nvidia)",
+        )
+    label = f"{summary.gpus_str} (cc {summary.capability_str}, profile {summary.profile or '-'})"
+    if not summary.ok:
+        return Check(
+            "gpus",
+            FAIL,
+            f"{label}: {summary.refused}",
+            "this host cannot run the stack as specified: run deploy/facts.py and fix what it "
+            "reports (or take the host out of the inventory)",
+        )
+    return Check("gpus", PASS, label)
+
+
+def nouveau(ctx: CheckContext) -> Check:
+    host = ctx.answers.section("host")
+    state = host.get("nouveau") if host else None
+    remedy = (
+        f"{_SYSTEM} with stack.policy.allow_reboot=True (blacklist, initramfs, reboot), "
+        "or reboot the host after it"
+    )
+    if state == "absent":
+        return Check("nouveau", PASS, "nouveau not loaded")
+    if state == "loaded":
+        return Check("nouveau", FAIL, "nouveau is loaded (/sys/module/nouveau)", remedy)
+    return no_answer("nouveau", "/sys/module/nouveau", remedy)
+
+
+_DRIVER_VERSION = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
+
+
+def driver_installed(ctx: CheckContext) -> Check:
+    pinned = ctx.spec.driver.version
+    section = ctx.answers.section("modinfo")
+    remedy = f"{_SYSTEM} (installs driver {pinned}); " + force_reinstall("driver", "re-run it")
+    if section is None:
+        return no_answer("driver installed", "modinfo -F version nvidia", remedy)
+    found = next(
+        (m.group(1) for line in section.raw if (m := _DRIVER_VERSION.fullmatch(line.strip()))),
+        None,
+    )
+    if section.rc == 0 and found == pinned:
+        return Check("driver installed", PASS, f"modinfo: nvidia {found}")
+    if found:
+        return Check(
+            "driver installed",
+            FAIL,
+            f"modinfo: nvidia {found} installed, expected {pinned}",
+            remedy,
+        )
+    why = _first_line(section) or f"exit {section.rc}"
+    return Check("driver installed", FAIL, f"no nvidia kernel module installed ({why})", remedy)
+
+
+_DKMS_LINE = re.compile(
+    r"^(?P<module>[^,/\s]+)(?:/|,\s*)(?P<version>[^,\s]+),\s*(?P<kernel>[^,\s]+),"
+    r"\s*(?P<arch>[^:\s]+):\s*(?P<state>[A-Za-z-]+)"
+)
+
+
+def dkms(ctx: CheckContext) -> Check:
+    pinned = ctx.spec.driver.version
+    section = ctx.answers.section("dkms")
+    host = ctx.answers.section("host")
+    kernel = (host.get("kernel") if host else None) or "?"
+    remedy = (
+        f"install dkms and linux-headers-{kernel}, then {force_reinstall('driver', _SYSTEM)} "
+        "(the driver registers its DKMS module for the running kernel)"
+    )
+    if section is None:
+        return no_answer("dkms", "dkms status", remedy)
+    if section.get("missing") == "dkms":
+        return Check("dkms", FAIL, "dkms is not installed", remedy)
+    entries = [m.groupdict() for line in section.raw if (m := _DKMS_LINE.match(line.strip()))]
+    nvidia = [e for e in entries if e["module"] == "nvidia"]
+    for entry in nvidia:
+        if (
+            entry["version"] == pinned
+            and entry["kernel"] == kernel
+            and entry["state"] == "installed"
+        ):
+            return Check(
+                "dkms",
+                PASS,
+                f"nvidia/{pinned}, {kernel}, {entry['arch']}: installed",
+            )
+    listed = "; ".join(f"nvidia/{e['version']}, {e['kernel']}: {e['state']}" for e in nvidia) or (
+        _first_line(section) or "nothing"
+    )
+    return Check(
+        "dkms",
+        FAIL,
+        f"dkms status has no nvidia/{pinned} installed for the running kernel {kernel} "
+        f"(lists: {listed})",
+        remedy,
+    )
+
+
+@dataclass(frozen=True)
+class _SmiRow:
+    bus_id: str
+    device_id: int | None
+    name: str
+    driver_version: str | None
+
+
+def _smi_rows(section: Section) -> list[_SmiRow]:
+    fields = (section.get("fields") or "").split(",")
+    rows = []
+    for line in section.raw:
+        values = [v.strip() for v in line.split(",")]
+        if len(values) != len(fields) or not values[0].isdigit():
+            continue
+        row = dict(zip(fields, values, strict=True))
+        parsed = parse_pci_id(row.get("pci.device_id", ""))
+        device = parsed[1] if parsed and parsed[0] == NVIDIA_VENDOR_ID else None
+        driver = row.get("driver_version")
+        rows.append(
+            _SmiRow(
+                bus_id=normalize_bus_id(row.get("pci.bus_id", "")),
+                device_id=device,
+                name=row.get("name", ""),
+                driver_version=driver if driver and "N/A" not in driver else None,
+            )
+        )
+    return rows
+
+
+def _smi_problem(section: Section | None, remedy: str, name: str) -> Check | None:
+    """A FAIL when nvidia-smi is missing or did not answer, else None."""
+    if section is None:
+        return no_answer(name, "nvidia-smi", remedy)
+    if section.get("missing"):
+        return Check(name, FAIL, "nvidia-smi not found: no NVIDIA driver installed", remedy)
+    if section.rc != 0:
+        why = _first_line(section) or "no output"
+        return Check(name, FAIL, f"nvidia-smi failed (exit {section.rc}): {why}", remedy)
+    return None
+
+
+def _smi_remedy(pinned: str) -> str:
+    return (
+        f"the pinned driver {pinned} must be installed and loaded: {_SYSTEM} with "
+        "stack.policy.allow_reboot=True (or reboot after it); read /var/log/nvidia-installer.log"
+    )
+
+
+def _pci_label(gpu: Any) -> str:
+    model = getattr(gpu, "model", None) or lookup(gpu.device_id)
+    name = model.name if model else "unknown"
+    return f"{gpu.bus_id} ({name} 10de:{gpu.device_id:04x})"
+
+
+def smi_gpus(ctx: CheckContext) -> Check:
+    name = "nvidia-smi gpus"
+    if ctx.sim:
+        return Check(name, SKIP, f"{SIMULATED}: nvidia-smi there is the lab's double")
+    if not ctx.pci:
+        return Check(name, SKIP, "no NVIDIA GPU in the PCI facts to compare with (see gpus)")
+    section = ctx.answers.section("nvidia-smi")
+    remedy = _smi_remedy(ctx.spec.driver.version)
+    problem = _smi_problem(section, remedy, name)
+    if problem is not None:
+        return problem
+    assert section is not None
+    rows = {row.bus_id: row for row in _smi_rows(section)}
+    missing, wrong = [], []
+    for gpu in ctx.pci:
+        row = rows.get(normalize_bus_id(gpu.bus_id))
+        if row is None:
+            missing.append(_pci_label(gpu))
+        elif row.device_id is not None and row.device_id != gpu.device_id:
+            wrong.append(f"{gpu.bus_id}: PCI 10de:{gpu.device_id:04x}, nvidia-smi {row.name}")
+    pci_bus = {normalize_bus_id(g.bus_id) for g in ctx.pci}
+    extra = sorted(bus for bus in rows if bus not in pci_bus)
+    if missing or wrong:
+        parts = []
+        if missing:
+            parts.append("not shown: " + ", ".join(missing))
+        if wrong:
+            parts.append("different device: " + "; ".join(wrong))
+        return Check(
+            name,
+            FAIL,
+            f"nvidia-smi shows {len(rows)} of the {len(ctx.pci)} GPUs on the PCI bus; "
+            + "; ".join(parts),
+            "a GPU the driver does not bind: check `dmesg | grep -i nvrm` (unsupported by the "
+            f"driver branch, fallen off the bus, power); {remedy}",
+        )
+    note = f" (+{len(extra)} not in the PCI facts: {', '.join(extra)})" if extra else ""
+    return Check(
+        name,
+        PASS,
+        f"{len(ctx.pci)}/{len(ctx.pci)} GPUs: "
+        + ", ".join(f"{g.bus_id} 10de:{g.device_id:04x}" for g in ctx.pci)
+        + note,
+    )
+
+
+def smi_driver(ctx: CheckContext) -> Check:
+    name = "nvidia-smi driver"
+    pinned = ctx.spec.driver.version
+    if ctx.sim:
+        return Check(name, SKIP, f"{SIMULATED}: nvidia-smi there is the lab's double")
+    section = ctx.answers.section("nvidia-smi")
+    remedy = _smi_remedy(pinned)
+    problem = _smi_problem(section, remedy, name)
+    if problem is not None:
+        return problem
+    assert section is not None
+    versions = sorted({row.driver_version or "?" for row in _smi_rows(section)})
+    if not versions:
+        why = _first_line(section) or "no GPU rows"
+        return Check(name, FAIL, f"nvidia-smi listed no GPU ({why})", remedy)
+    if versions == [pinned]:
+        return Check(name, PASS, f"driver {pinned} loaded")
+    return Check(
+        name,
+        FAIL,
+        f"nvidia-smi reports driver {', '.join(versions)}, expected {pinned}",
+        f"{force_reinstall('driver', _SYSTEM)}, then reboot so {pinned} is the loaded module",
+    )
+
+
+def nvcc(ctx: CheckContext) -> Check:
+    name = "nvcc"
+    release = ctx.spec.cuda_release
+    section = ctx.answers.section("nvcc")
+    remedy = (
+        force_reinstall("cuda", _SYSTEM) + f" (stack.paths.cuda_dir must be the {release} toolkit)"
+    )
+    if section is None:
+        return no_answer(name, "nvcc --version", remedy)
+    missing = section.get("missing")
+    if missing:
+        return Check(
+            name,
+            FAIL,
+            f"no nvcc at {missing}",
+            f"{_SYSTEM} (installs CUDA {ctx.spec.cuda.version})",
+        )
+    found = None
+    for line in section.raw:
+        if match := re.search(r"release (\d+\.\d+), V(\d+(?:\.\d+)*)", line):
+            found = match
+            break
+    if found is None:
+        why = _first_line(section) or f"exit {section.rc}"
+        return Check(name, FAIL, f"nvcc --version says no release ({why})", remedy)
+    text = f"release {found.group(1)}, V{found.group(2)}"
+    if found.group(1) == release:
+        return Check(name, PASS, text)
+    return Check(name, FAIL, f"nvcc: {text}, expected release {release}", remedy)
+
+
+def cudnn_version(ctx: CheckContext) -> Check:
+    name = "cudnn version"
+    expected = ".".join(ctx.spec.cudnn.version.split(".")[:3])
+    section = ctx.answers.section("cudnn-header")
+    remedy = force_reinstall("cudnn", _SYSTEM)
+    if section is None:
+        return no_answer(name, "cudnn_version.h", remedy)
+    missing = section.get("missing")
+    if missing:
+        return Check(name, FAIL, f"no {missing}", f"{_SYSTEM} (installs cuDNN {expected})")
+    parts: dict[str, str] = {}
+    for line in section.raw:
+        if match := re.match(r"#define CUDNN_(MAJOR|MINOR|PATCHLEVEL)\s+(\d+)", line.strip()):
+            parts[match.group(1)] = match.group(2)
+    if len(parts) != 3:
+        return Check(name, FAIL, "cudnn_version.h has no CUDNN_MAJOR/MINOR/PATCHLEVEL", remedy)
+    found = f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCHLEVEL']}"
+    if found == expected:
+        return Check(name, PASS, f"cudnn_version.h: {found}")
+    return Check(name, FAIL, f"cudnn_version.h says {found}, expected {expected}", remedy)
+
+
+@dataclass(frozen=True)
+class _Stat:
+    device: str
+    inode: str
+    links: int
+    kind: str
+
+
+def _cudnn_files(section: Section) -> tuple[dict[str, _Stat], dict[str, _Stat]]:
+    src: dict[str, _Stat] = {}
+    dst: dict[str, _Stat] = {}
+    for line in section.raw:
+        words = line.split(None, 5)
+        if len(words) != 6 or words[0] not in ("src", "dst") or not words[3].isdigit():
+            continue
+        stat = _Stat(words[1], words[2], int(words[3]), words[4])
+        (src if words[0] == "src" else dst)[words[5]] = stat
+    return src, dst
+
+
+_CUDNN_DEST_DIRS = {"include": "include", "lib": "lib64"}
+
+
+def cudnn_links(ctx: CheckContext) -> Check:
+    name = "cudnn hard links"
+    remedy = f"{_SYSTEM} (hard-links the extracted cuDNN files into the CUDA dir)"
+    section = ctx.answers.section("cudnn-files")
+    if section is None:
+        return no_answer(name, "the cuDNN files", remedy)
+    tree = section.get("tree") or ctx.spec.paths.cudnn_extract_dir
+    cuda_dir = section.get("cuda_dir") or ctx.spec.paths.cuda_dir
+    src, dst = _cudnn_files(section)
+    if not src:
+        return Check(
+            name,
+            FAIL,
+            f"no include/cudnn*.h or lib/libcudnn* under {tree} (the extract dir)",
+            force_reinstall("cudnn", _SYSTEM),
+        )
+    wanted = {}
+    for rel, stat in src.items():
+        top, _, rest = rel.partition("/")
+        wanted[f"{_CUDNN_DEST_DIRS.get(top, top)}/{rest}"] = stat
+    missing = sorted(rel for rel in wanted if rel not in dst)
+    copies = sorted(
+        rel
+        for rel, stat in wanted.items()
+        if rel in dst
+        and ((dst[rel].device, dst[rel].inode) != (stat.device, stat.inode) or dst[rel].links < 2)
+    )
+    stale = sorted(rel for rel in dst if rel not in wanted)
+    if not (missing or copies or stale):
+        return Check(
+            name,
+            PASS,
+            f"{len(wanted)} files in {cuda_dir} are hard links of {tree} (same inode, "
+            f"{min(s.links for s in wanted.values())}+ links)",
+        )
+    parts = []
+    if copies:
+        parts.append("not hard links (another inode): " + ", ".join(copies))
+    if missing:
+        parts.append("missing: " + ", ".join(missing))
+    if stale:
+        parts.append("not from the extract dir (another version?): " + ", ".join(stale))
+    return Check(name, FAIL, f"cuDNN files in {cuda_dir} vs {tree}: " + "; ".join(parts), remedy)
