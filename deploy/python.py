@@ -23,7 +23,6 @@ from operations import apex, apex_fleet, artifacts, conda, torch, training_user,
 from operations.refuse import refuse, validated_spec
 from p40fleet import apex_build, verl_patches
 from p40fleet.preflight import verl_refusal
-from p40fleet.profile import summarize_host
 from p40fleet.spec import StackSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +33,7 @@ def deploy(spec: StackSpec) -> None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
     gpus = host.get_fact(PciGpus)
-    summary = summarize_host(gpus, allow_maxwell=spec.policy.allow_maxwell)
+    summary = spec.gpu_summary(gpus)
     # 0. Refuse what cannot work: GPUs outside the stack; a ref without rules for this profile
     # (62549582 on Pascal) is this host's refusal, not a VerlPatchError for the whole run.
     if not summary.ok:
@@ -69,7 +68,7 @@ def deploy(spec: StackSpec) -> None:
     )
     variant = spec.requirements_variant
     requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
-    build = apex_build.for_spec(spec, gpus)
+    build = spec.apex_build(gpus)
     key = build.key
     work = apex_build.host_work_dir(user.home, key)
     host_tar = f"{work}/{apex_build.WHEEL_TAR}"

@@ -21,7 +21,6 @@ from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
 from operations import apex, conda
 from p40fleet import apex_build
-from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 __all__ = ["builder", "needs_apex"]
@@ -65,9 +64,9 @@ def _python_hosts(state: State, specs: dict[str, tuple[Host, StackSpec]]) -> Ite
 def _key_of(target: Host, spec: StackSpec) -> str | None:
     """``target``'s build key; None when its GPUs are refused (it runs no Python layer)."""
     gpus = target.get_fact(PciGpus)
-    if not summarize_host(gpus, allow_maxwell=spec.policy.allow_maxwell).ok:
+    if not spec.gpu_summary(gpus).ok:
         return None
-    return apex_build.for_spec(spec, gpus).key
+    return spec.apex_build(gpus).key
 
 
 def needs_apex(target: Host, spec: StackSpec, key: str) -> bool:

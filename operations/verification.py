@@ -59,7 +59,7 @@ def expected_apex_key(spec: StackSpec, gpus: list) -> str | None:
     """The Apex build key deploy/python.py installs on a host with these GPUs."""
     if not any(g.model for g in gpus):
         return None
-    return apex_build.for_spec(spec, gpus).key
+    return spec.apex_build(gpus).key
 
 
 def checks_for(

@@ -255,3 +255,11 @@ def test_env_fresh_when_rebuilt_or_forced():
     assert fresh(EnvPythonState("ok", "3.11.2"))
     assert fresh(EnvPythonState("missing"))
     assert fresh(EnvPythonState("ok", "3.10.12"), force=True)
+
+
+
+def test_the_spec_derives_the_apex_build_once():
+    spec = load_spec("lab1", {})
+    p40 = [gpu(P40, "0000:01:00.0"), gpu(P40, "0000:02:00.0")]
+    assert spec.apex_build(p40) == apex_build.for_spec(spec, p40)
+    assert spec.apex_build(p40).arch_list == "6.1"

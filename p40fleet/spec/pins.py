@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from packaging.version import Version
@@ -64,6 +64,9 @@ from p40fleet.spec.fields import (
     _root_dir_problem,
     _url_or_abs_path,
 )
+
+if TYPE_CHECKING:  # p40fleet.apex_build reads the spec: imported lazily, no cycle
+    from p40fleet.apex_build import ApexBuild
 
 __all__ = [
     "ARTIFACTS",
@@ -779,6 +782,12 @@ class StackSpec(BaseModel):
         return summarize_host(
             gpus, branch=self.driver_branch, allow_maxwell=self.policy.allow_maxwell
         )
+
+    def apex_build(self, gpus: Iterable[Any]) -> ApexBuild:
+        """The Apex build (key, arch list, extensions) this spec needs on ``gpus`` (PCI facts)."""
+        from p40fleet.apex_build import for_spec  # pure; it reads the spec, never builds one
+
+        return for_spec(self, gpus)
 
     def artifact(self, name: str) -> Artifact:
         if name not in ARTIFACTS:
