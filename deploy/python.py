@@ -13,13 +13,14 @@ import os
 import posixpath
 
 from pyinfra import host, local, state
-from pyinfra.operations import files
 
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
 from facts.python_env import EnvDistributions, MarkerText, env_dir, env_python
+from facts.survey import ask
 from operations import apex, artifacts, conda, torch, training_user, verl
 from operations.preflight import refuse, validated_spec
+from operations.survey import survey_host
 from p40fleet.preflight import verl_refusal
 from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
@@ -43,9 +44,9 @@ def needs_apex(target, spec: StackSpec, key: str) -> bool:
             return True
         key_file = f"{env_dir(spec.env.conda_prefix, spec.env.name)}/{apex.KEY_FILE}"
         python = env_python(spec.env.conda_prefix, spec.env.name)
-        if target.get_fact(MarkerText, path=key_file, user=spec.user.name) != key:
+        if ask(target, MarkerText, path=key_file, user=spec.user.name) != key:
             return True
-        return "apex" not in target.get_fact(EnvDistributions, python=python, user=spec.user.name)
+        return "apex" not in ask(target, EnvDistributions, python=python, user=spec.user.name)
 
 
 class _on:
@@ -76,7 +77,8 @@ def apex_builders() -> dict[str, str]:
             target_spec = spec_for_host(target)
         except SpecError:
             continue  # refused by preflight: runs no Python layer
-        gpus = target.get_fact(PciGpus)
+        survey_host(target, target_spec)  # its facts from its own survey (once per run)
+        gpus = ask(target, PciGpus)
         summary = summarize_host(gpus, allow_maxwell=target_spec.policy.allow_maxwell)
         if not summary.ok:
             continue
@@ -115,7 +117,7 @@ def deploy(spec: StackSpec) -> None:
     python = env_python(env.conda_prefix, env.name)
     the_env = env_dir(env.conda_prefix, env.name)
     cache = f"{user.home}/.cache/p40fleet"
-    gpus = host.get_fact(PciGpus)
+    gpus = ask(host, PciGpus)
     summary = summarize_host(gpus, allow_maxwell=spec.policy.allow_maxwell)
     if not summary.ok:
         refuse(
@@ -146,11 +148,11 @@ def deploy(spec: StackSpec) -> None:
         home=user.home,
     )
 
-    files.directory(
+    training_user.directory(
         name=f"Training data dir {env.data_dir}", path=env.data_dir, user=user.name,
         group=user.name, mode="750",
     )  # fmt: skip
-    files.directory(
+    training_user.directory(
         name=f"Model dir {env.model_dir}", path=env.model_dir, user=user.name,
         group=user.name, mode="750",
     )  # fmt: skip
@@ -231,7 +233,7 @@ def deploy(spec: StackSpec) -> None:
         work_dir=work,
         cuda_home=spec.paths.cuda_dir,
         arch_list=build.arch_list,
-        max_jobs=apex.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal)),
+        max_jobs=apex.max_jobs(ask(host, Cpus), ask(host, MemTotal)),
         cuda_ext=build.cuda_ext,
         needed=builds_here,
         **as_user,
@@ -329,7 +331,7 @@ def verl_checkout_moves(spec: StackSpec) -> bool:
     from facts.python_env import GitCheckout
 
     return (
-        host.get_fact(GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head
+        ask(host, GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head
         != spec.verl.commit
     )
 

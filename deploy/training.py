@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pyinfra import host, inventory, local, state
-from pyinfra.context import ctx_host
 
 from facts.gpu import PciGpus
+from facts.survey import ask
 from operations import launch, ray_cluster, training, training_user
 from operations.preflight import refused_hosts, validated_spec
 from p40fleet.launch import ClusterShape, LaunchPlan, cluster_shape
@@ -34,8 +34,7 @@ def cluster() -> ClusterShape:
     members = [h for h in inventory if h in inventory.get_active_hosts() and h.name not in refused]
     nodes = {}
     for member in members:
-        with ctx_host.use(member):
-            nodes[member.name] = list(member.get_fact(PciGpus))
+        nodes[member.name] = list(ask(member, PciGpus))  # from its survey (deploy/preflight.py)
     return cluster_shape(nodes)
 
 

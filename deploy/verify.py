@@ -23,6 +23,7 @@ from pyinfra import host, state
 
 from facts.gpu import PciGpus
 from facts.host import LinuxDistribution, os_label
+from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import ray_cluster, training, verification
 from operations.preflight import refuse
@@ -37,11 +38,11 @@ _PRINTED_ATTR = "p40fleet_verify_printed"
 
 def verify_host(spec: StackSpec) -> list[Check]:
     """Probe this host once (a fact: read-only) and run every check."""
-    gpus = list(host.get_fact(PciGpus))
+    gpus = list(ask(host, PciGpus))
     target = None
     try:
         target = training.training_target(spec)  # the launch plan the script has
-        answers = host.get_fact(VerifyProbe, **verification.probe_arguments(spec, target))
+        answers = ask(host, VerifyProbe, **verification.probe_arguments(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
         return verification.checks_for(spec, gpus, None, problem, target)
@@ -51,9 +52,9 @@ def verify_host(spec: StackSpec) -> list[Check]:
 def _refused(spec: StackSpec) -> list[preflight.Refusal]:
     """The preflight's refusals that put this host outside the stack (GPU, verl ref, OS)."""
     summary = summarize_host(
-        host.get_fact(PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
+        ask(host, PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
     )
-    distribution = os_label(host.get_fact(LinuxDistribution))
+    distribution = os_label(ask(host, LinuxDistribution))
     return preflight.outside_the_stack(summary, spec.verl.ref, distribution)
 
 

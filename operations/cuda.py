@@ -17,10 +17,12 @@ from pyinfra.facts.files import Link
 from pyinfra.operations import files
 
 from facts.host import FreeSpace
+from facts.survey import ask
 from facts.system import CudaToolkit, GccMajor, NvccRelease
 from operations.artifacts import format_bytes
 from operations.preflight import refuse
 from operations.progress import Stopwatch
+from operations.survey import rendered, same_file
 
 __all__ = [
     "GCC_MAX",
@@ -74,7 +76,7 @@ def toolkit(
     + force: reinstall even when installed (policy.force_reinstall)
     """
     want = _release(version)
-    current = host.get_fact(CudaToolkit, cuda_dir=cuda_dir)
+    current = ask(host, CudaToolkit, cuda_dir=cuda_dir)
     if current.version and _release(current.version) == want and current.nvcc and not force:
         host.noop(f"CUDA {current.version} is installed in {cuda_dir}")
         return
@@ -89,7 +91,7 @@ def toolkit(
         StringCommand("--tmpdir=", QuoteString(tmpdir), _separator=""),
     ]
     flags.append("--no-man-page")
-    gcc = host.get_fact(GccMajor)
+    gcc = ask(host, GccMajor)
     if gcc is not None and gcc > GCC_MAX:
         if not allow_gcc_override:
             yield from refuse._inner(
@@ -103,7 +105,7 @@ def toolkit(
             return
         flags.append("--override")
 
-    space = host.get_fact(FreeSpace, path=tmpdir)
+    space = ask(host, FreeSpace, path=tmpdir)
     free = space.available_bytes if space else None
     if free is not None and free < tmp_bytes:
         yield from refuse._inner(
@@ -134,7 +136,7 @@ def symlink(cuda_dir: str, cuda_link: str = "/usr/local/cuda"):
     Refuses, changing nothing, when ``cuda_link`` exists and is not a symlink into a CUDA dir
     (``files.link`` would delete whatever is there: a system file, another tool's link).
     """
-    current = host.get_fact(Link, path=cuda_link)
+    current = ask(host, Link, path=cuda_link)
     if current is not None and not is_cuda_link(cuda_link, current):
         target = current.get("link_target") if current else None
         what = f"a symlink to {target}" if target else "not a symlink (a file or a directory)"
@@ -178,13 +180,12 @@ def profile(cuda_home: str, version: str, path: str = PROFILE_FILE):
     + version: the CUDA version, for the file's comment
     + path: the profile file
     """
+    values = {"cuda_home": cuda_home.rstrip("/"), "cuda_version": version}
+    jinja = {"extensions": [ShellQuote]}
+    if same_file(path, rendered(TEMPLATE, jinja, **values), mode="644"):
+        return
     yield from files.template._inner(
-        src=TEMPLATE,
-        dest=path,
-        mode="644",
-        jinja_env_kwargs={"extensions": [ShellQuote]},
-        cuda_home=cuda_home.rstrip("/"),
-        cuda_version=version,
+        src=TEMPLATE, dest=path, mode="644", jinja_env_kwargs=jinja, **values
     )
 
 
@@ -196,7 +197,7 @@ def verify(cuda_dir: str, version: str):
     + cuda_dir: the toolkit dir
     + version: the pinned version, e.g. ``11.8.0``
     """
-    nvcc = host.get_fact(NvccRelease, cuda_dir=cuda_dir)
+    nvcc = ask(host, NvccRelease, cuda_dir=cuda_dir)
     if nvcc and _release(nvcc) == _release(version):
         host.noop(f"nvcc {nvcc} in {cuda_dir}")
         return
