@@ -14,15 +14,10 @@ from pyinfra.facts.server import LinuxDistribution
 from rich.console import Console
 from rich.table import Table
 
-from facts.gpu import (
-    InstalledDriverVersion,
-    LoadedDriverVersion,
-    NouveauLoaded,
-    NvidiaSmi,
-    PciGpus,
-)
+from facts.driver import InstalledDriverVersion, LoadedDriverVersion, NvidiaSmi
+from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
-from p40fleet.profile import summarize_host
+from facts.nouveau import NouveauLoaded
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 
 _ROWS_ATTR = "p40fleet_fact_rows"
@@ -58,9 +53,7 @@ def _survey() -> dict[str, str]:
     gpus: list = list(pci)
     if not gpus and smi.ok:
         gpus = [g.pci_id for g in smi.gpus if g.pci_id is not None]
-    summary = summarize_host(
-        gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(gpus)
 
     kernel = host.get_fact(KernelHeaders)
     space = host.get_fact(FreeSpace, path=spec.paths.artifact_cache)

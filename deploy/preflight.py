@@ -15,18 +15,18 @@ from __future__ import annotations
 
 from pyinfra import host, state
 
+from facts.artifacts import ArtifactState
+from facts.cuda import CudaToolkit
 from facts.gpu import PciGpus
 from facts.host import FreeSpace, LinuxDistribution, os_label
 from facts.mirror import UrlHead
 from facts.survey import ask
 from facts.survey import install as keep_facts
-from facts.system import ArtifactState, CudaToolkit
 from operations.artifacts import artifact_path
-from operations.preflight import refuse_host, validated_spec
+from operations.refuse import refuse_host, validated_spec
 from operations.survey import survey_host
 from p40fleet import preflight, sshguard
-from p40fleet.profile import summarize_host
-from p40fleet.spec import ARTIFACTS, SpecError, spec_for_host
+from p40fleet.spec import ARTIFACTS, SpecError, cuda_release_of, spec_for_host
 
 sshguard.install()
 keep_facts(state)
@@ -37,9 +37,7 @@ except SpecError:
 spec = validated_spec()
 
 if spec is not None:
-    summary = summarize_host(
-        ask(host, PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(ask(host, PciGpus))
     verified = {
         item: ask(host, ArtifactState, path=artifact_path(spec, item)).verified(
             spec.artifact(item).sha256
@@ -47,7 +45,9 @@ if spec is not None:
         for item in ARTIFACTS
     }
     cuda = ask(host, CudaToolkit, cuda_dir=spec.paths.cuda_dir)
-    cuda_installed = bool(cuda.nvcc and cuda.version and cuda.version.startswith("11.8"))
+    cuda_installed = bool(
+        cuda.nvcc and cuda.version and cuda_release_of(cuda.version) == spec.cuda_release
+    )
     cache = spec.paths.artifact_cache
     space = ask(host, FreeSpace, path=cache)
     answers = [

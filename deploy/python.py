@@ -14,12 +14,12 @@ import posixpath
 
 from pyinfra import host, local, state
 
+from facts.conda import EnvDistributions, MarkerText, env_dir, env_python
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
-from facts.python_env import EnvDistributions, MarkerText, env_dir, env_python
 from facts.survey import ask
 from operations import apex, artifacts, conda, torch, training_user, verl
-from operations.preflight import refuse, validated_spec
+from operations.refuse import refuse, validated_spec
 from operations.survey import survey_host
 from p40fleet.preflight import verl_refusal
 from p40fleet.profile import summarize_host
@@ -328,7 +328,7 @@ def deploy(spec: StackSpec) -> None:
 
 def verl_checkout_moves(spec: StackSpec) -> bool:
     """The verl checkout is not at the pinned commit yet (so patch + install must re-run)."""
-    from facts.python_env import GitCheckout
+    from facts.verl import GitCheckout
 
     return (
         ask(host, GitCheckout, path=spec.env.verl_checkout, user=spec.user.name).head

@@ -3,7 +3,7 @@
     pyinfra -y inventories/lab.py deploy/ray.py     # after deploy/python.py (ray is in the env)
 
 The head is ``stack.ray.head`` or the one host of the inventory group ``ray_head``; ports and
-addresses come from ``stack.ray`` (p40fleet/spec.py). Per host: validated spec -> plan (head or
+addresses come from ``stack.ray`` (p40fleet/spec/pins.py). Per host: validated spec -> plan (head or
 worker, ``ray start ... --block`` from the env) -> ``p40fleet-ray.service`` written, enabled,
 running. A member already running this plan is left alone: a second run changes nothing.
 systemd restarts a member that dies and starts it at boot, so a rebooted worker rejoins.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from pyinfra import host, local
 
 from operations import ray, ray_cluster
-from operations.preflight import refuse, validated_spec
+from operations.refuse import refuse, validated_spec
 from p40fleet.ray import RayError
 from p40fleet.spec import StackSpec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyinfra import local
 
 from operations import apt_source, artifacts, cuda, cudnn, driver, nouveau
-from operations.preflight import validated_spec
+from operations.refuse import validated_spec
 
 # Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
 local.include("deploy/preflight.py")
@@ -79,6 +79,7 @@ if spec is not None:
         cuda_dir=paths.cuda_dir,
         tmpdir=paths.artifact_cache,
         tmp_bytes=spec.cuda.tmp_bytes(),
+        max_gcc=spec.max_gcc,
         allow_gcc_override=spec.policy.allow_gcc_override,
         force="cuda" in force,
     )

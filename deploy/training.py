@@ -21,9 +21,10 @@ from pyinfra import host, inventory, local, state
 from facts.gpu import PciGpus
 from facts.survey import ask
 from operations import launch, ray_cluster, training, training_user
-from operations.preflight import refused_hosts, validated_spec
+from operations.refuse import refused_hosts, validated_spec
+from operations.survey import survey_host
 from p40fleet.launch import ClusterShape, LaunchPlan, cluster_shape
-from p40fleet.spec import StackSpec
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import staged_dir
 
 
@@ -34,7 +35,11 @@ def cluster() -> ClusterShape:
     members = [h for h in inventory if h in inventory.get_active_hosts() and h.name not in refused]
     nodes = {}
     for member in members:
-        nodes[member.name] = list(ask(member, PciGpus))  # from its survey (deploy/preflight.py)
+        try:
+            survey_host(member, spec_for_host(member))  # once per run (deploy/preflight.py)
+        except SpecError:
+            pass  # asked on its own below
+        nodes[member.name] = list(ask(member, PciGpus))
     return cluster_shape(nodes)
 
 

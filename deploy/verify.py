@@ -13,7 +13,7 @@ After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) 
 A host outside the stack (its GPUs, OS, stack spec or verl ref refused, as by
 ``deploy/preflight.py``) is REFUSED: one verdict with the reason and the fix, nothing probed.
 A host with a FAIL or REFUSED gets one operation that fails it without changing anything
-(``operations.preflight.refuse``), so pyinfra's own exit status is non-zero. A host where every
+(``operations.refuse.refuse``), so pyinfra's own exit status is non-zero. A host where every
 check passes or is skipped gets no operation at all: 0 changes, and ``--dry`` works.
 """
 
@@ -26,10 +26,9 @@ from facts.host import LinuxDistribution, os_label
 from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import ray_cluster, training, verification
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet import preflight, report
 from p40fleet.checks import FAIL, Check, spec_failure
-from p40fleet.profile import summarize_host
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 _RESULTS_ATTR = "p40fleet_verify_results"
@@ -51,9 +50,7 @@ def verify_host(spec: StackSpec) -> list[Check]:
 
 def _refused(spec: StackSpec) -> list[preflight.Refusal]:
     """The preflight's refusals that put this host outside the stack (GPU, verl ref, OS)."""
-    summary = summarize_host(
-        ask(host, PciGpus), branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(ask(host, PciGpus))
     distribution = os_label(ask(host, LinuxDistribution))
     return preflight.outside_the_stack(summary, spec.verl.ref, distribution)
 

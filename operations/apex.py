@@ -43,10 +43,10 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from facts.python_env import EnvDistributions, MarkerText
+from facts.conda import EnvDistributions, MarkerText
 from facts.survey import ask
-from operations.preflight import refuse_option_ref
 from operations.progress import Stopwatch
+from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
 from operations.training_user import as_user, mkdir_as
 from p40fleet import controller

@@ -25,11 +25,11 @@ import shlex
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from facts.artifacts import ArtifactState, marker_path
 from facts.host import FreeSpace
 from facts.survey import ask
-from facts.system import ArtifactState, marker_path
-from operations.preflight import refuse
 from operations.progress import streamed
+from operations.refuse import refuse
 from p40fleet.spec import StackSpec
 
 __all__ = ["artifact", "artifact_path", "download_command", "fetch", "format_bytes"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.python_env import (
+from facts.conda import (
     ENV_OK,
     TOS_NO_CONDA,
     TOS_NO_PLUGIN,

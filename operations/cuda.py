@@ -16,41 +16,26 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Link
 from pyinfra.operations import files
 
+from facts.cuda import CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace
 from facts.survey import ask
-from facts.system import CudaToolkit, GccMajor, NvccRelease
 from operations.artifacts import format_bytes
-from operations.preflight import refuse
 from operations.progress import Stopwatch
+from operations.refuse import refuse
 from operations.survey import rendered, same_file
+from p40fleet.spec import cuda_release_of
 
 __all__ = [
-    "GCC_MAX",
     "PROFILE_FILE",
     "TEMPLATE",
-    "default_tmp_bytes",
     "profile",
     "symlink",
     "toolkit",
     "verify",
 ]
 
-#: CUDA 11.8's installer refuses newer gcc unless given --override.
-GCC_MAX = 11
-#: What the real 11.8 runfile unpacks into its tmpdir, measured (~4.3 GB) plus headroom.
-REAL_UNPACK_BYTES = 4_500_000_000
 PROFILE_FILE = "/etc/profile.d/cuda.sh"
 TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "cuda-profile.sh.j2")
-
-
-def default_tmp_bytes(runfile_size: int | None) -> int:
-    """Room the runfile needs in its tmpdir: its size x1.1, or 4.5 GB when the size is unknown."""
-    return int(runfile_size * 1.1) if runfile_size else REAL_UNPACK_BYTES
-
-
-def _release(version: str) -> str:
-    """``11.8.0`` / ``11.8.20220929`` / ``11.8.89`` -> ``11.8``."""
-    return ".".join(version.split(".")[:2])
 
 
 @operation()
@@ -60,6 +45,7 @@ def toolkit(
     cuda_dir: str,
     tmpdir: str,
     tmp_bytes: int,
+    max_gcc: int,
     allow_gcc_override: bool = False,
     force: bool = False,
 ):
@@ -72,12 +58,13 @@ def toolkit(
     + cuda_dir: ``--installpath``
     + tmpdir: ``--tmpdir`` (it unpacks there: not a small /tmp)
     + tmp_bytes: free bytes needed in ``tmpdir``, checked first
-    + allow_gcc_override: pass ``--override`` when gcc is newer than 11
+    + max_gcc: the newest gcc major this CUDA release installs with (``StackSpec.max_gcc``)
+    + allow_gcc_override: pass ``--override`` when gcc is newer than ``max_gcc``
     + force: reinstall even when installed (policy.force_reinstall)
     """
-    want = _release(version)
+    want = cuda_release_of(version)
     current = ask(host, CudaToolkit, cuda_dir=cuda_dir)
-    if current.version and _release(current.version) == want and current.nvcc and not force:
+    if current.version and cuda_release_of(current.version) == want and current.nvcc and not force:
         host.noop(f"CUDA {current.version} is installed in {cuda_dir}")
         return
     if current.exists and not current.version:
@@ -92,15 +79,15 @@ def toolkit(
     ]
     flags.append("--no-man-page")
     gcc = ask(host, GccMajor)
-    if gcc is not None and gcc > GCC_MAX:
+    if gcc is not None and gcc > max_gcc:
         if not allow_gcc_override:
             yield from refuse._inner(
                 step=f"CUDA {version}",
-                reason=f"gcc {gcc} is newer than CUDA {want} supports (gcc <= {GCC_MAX}): "
+                reason=f"gcc {gcc} is newer than CUDA {want} supports (gcc <= {max_gcc}): "
                 "its installer stops",
-                remedy=f"install gcc-{GCC_MAX} and make it the default gcc, or set "
+                remedy=f"install gcc-{max_gcc} and make it the default gcc, or set "
                 "stack.policy.allow_gcc_override=True (runs the installer with --override; "
-                "CUDA builds with gcc > 11 are unsupported)",
+                f"CUDA builds with gcc > {max_gcc} are unsupported)",
             )
             return
         flags.append("--override")
@@ -198,12 +185,12 @@ def verify(cuda_dir: str, version: str):
     + version: the pinned version, e.g. ``11.8.0``
     """
     nvcc = ask(host, NvccRelease, cuda_dir=cuda_dir)
-    if nvcc and _release(nvcc) == _release(version):
+    if nvcc and cuda_release_of(nvcc) == cuda_release_of(version):
         host.noop(f"nvcc {nvcc} in {cuda_dir}")
         return
     yield from refuse._inner(
         step=f"CUDA {version}",
-        reason=f"{cuda_dir}/bin/nvcc --version does not say release {_release(version)} "
+        reason=f"{cuda_dir}/bin/nvcc --version does not say release {cuda_release_of(version)} "
         f"(got {nvcc or 'no answer'})",
         remedy="read /var/log/cuda-installer.log; put 'cuda' in stack.policy.force_reinstall "
         "to install again",

@@ -12,15 +12,15 @@ import posixpath
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.survey import ask
-from facts.system import (
+from facts.cudnn import (
     CudnnExtracted,
     CudnnFiles,
     CudnnHeaderVersion,
     PathDevice,
     cudnn_marker_path,
 )
-from operations.preflight import refuse
+from facts.survey import ask
+from operations.refuse import refuse
 
 __all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify"]
 

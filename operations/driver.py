@@ -11,11 +11,12 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, server
 
-from facts.gpu import SMI_OK, InstalledDriverVersion, NvidiaSmi, PciGpus
+from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
+from facts.gpu import PciGpus
 from facts.host import KernelHeaders
 from facts.survey import ask
 from operations import run_lock
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet.profile import driver_branch, driver_supports
 
 __all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]

@@ -16,7 +16,7 @@ from pyinfra.facts.server import Users
 from pyinfra.operations import files
 
 from facts.survey import ask
-from operations.preflight import refuse
+from operations.refuse import refuse
 from operations.survey import rendered, same_file
 from p40fleet.launch import LaunchPlan
 

@@ -11,11 +11,10 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
-from facts.gpu import NouveauLoaded
+from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
 from facts.survey import ask
-from facts.system import FileStampFact, InitramfsMtime
 from operations import run_lock
-from operations.preflight import refuse
+from operations.refuse import refuse
 
 __all__ = ["BLACKLIST_FILE", "BLACKLIST_TEXT", "blacklist", "initramfs", "unloaded"]
 

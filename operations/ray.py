@@ -19,7 +19,7 @@ from pyinfra.operations import files, systemd
 
 from facts.ray import HasSystemd
 from facts.survey import ask
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayPlan
 
 __all__ = ["TEMPLATE", "ray_member"]

@@ -1,6 +1,6 @@
 """The run lock: one p40fleet run per host at a time (``p40fleet.run_lock`` has the rules).
 
-``operations.preflight.validated_spec()`` calls :func:`hold` first, so every deploy that
+``operations.refuse.validated_spec()`` calls :func:`hold` first, so every deploy that
 changes hosts takes the lock before its first operation, and a deploy included by another one
 (``deploy/full.py``) or named after it on the command line finds it already held by this run.
 
@@ -75,7 +75,7 @@ def _set(attr: str) -> set[str]:
 
 
 def _refusal(path: str, reason: str) -> FunctionCommand:
-    from operations.preflight import refusal_message  # one refusal format for the project
+    from operations.refuse import refusal_message  # one refusal format for the project
 
     message = refusal_message(host.name, _STEP, reason, run_lock.FIX.format(path=path))
 

@@ -24,33 +24,26 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import Groups, Users, Which
 
 from facts.apt_source import AptSources
-from facts.gpu import InstalledDriverVersion, NouveauLoaded, NvidiaSmi, PciGpus
-from facts.host import Cpus, FreeSpace, KernelHeaders, LinuxDistribution, MemTotal
-from facts.python_env import (
+from facts.artifacts import ArtifactState
+from facts.conda import (
     CondaInstall,
     CondaTos,
     EnvDistributions,
     EnvPython,
-    GitCheckout,
     MarkerText,
-    VerlPatchCheck,
     env_dir,
     env_python,
 )
+from facts.cuda import CudaToolkit, NvccRelease
+from facts.cudnn import CudnnExtracted, CudnnFiles, CudnnHeaderVersion, PathDevice
+from facts.driver import InstalledDriverVersion, NvidiaSmi
+from facts.gpu import PciGpus
+from facts.host import Cpus, FreeSpace, KernelHeaders, LinuxDistribution, MemTotal
+from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
 from facts.run_lock import RunLock
 from facts.survey import Part, ask, part, survey
-from facts.system import (
-    ArtifactState,
-    CudaToolkit,
-    CudnnExtracted,
-    CudnnFiles,
-    CudnnHeaderVersion,
-    FileStampFact,
-    InitramfsMtime,
-    NvccRelease,
-    PathDevice,
-)
 from facts.training import ModelConfig, StagedDir
+from facts.verl import GitCheckout, VerlPatchCheck
 from p40fleet.run_lock import DEFAULT_PATH
 from p40fleet.spec import ARTIFACTS, StackSpec
 from p40fleet.training import staged_dir

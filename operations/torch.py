@@ -10,9 +10,9 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.python_env import EnvDistributions
+from facts.conda import EnvDistributions
 from facts.survey import ask
-from operations.preflight import refusal_message
+from operations.refuse import refusal_message
 from operations.training_user import as_user
 from p40fleet import hashlock
 

@@ -27,12 +27,13 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.gpu import NvidiaSmi, PciGpus
+from facts.driver import NvidiaSmi
+from facts.gpu import PciGpus
 from facts.survey import ask
 from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import artifacts
 from operations import launch as launch_ops
-from operations.preflight import refuse
+from operations.refuse import refuse
 from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, plan_launch
 from p40fleet.spec import StackSpec
 from p40fleet.training import (

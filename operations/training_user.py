@@ -14,7 +14,7 @@ from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
 from facts.survey import ask
-from operations.preflight import refuse
+from operations.refuse import refuse
 from operations.survey import same_dir
 
 __all__ = ["HOME_MODE", "SYSTEM_UID_MAX", "as_user", "mkdir_as", "training_user"]

@@ -19,8 +19,8 @@ from pyinfra.api import StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import BaseStateCallback
 
+from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
-from facts.python_env import env_dir, env_python
 from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import apex, artifacts, cudnn, run_lock, training

@@ -15,9 +15,10 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.python_env import EnvDistributions, GitCheckout, MarkerText, VerlPatchCheck
+from facts.conda import EnvDistributions, MarkerText
 from facts.survey import ask
-from operations.preflight import refuse, refuse_option_ref
+from facts.verl import GitCheckout, VerlPatchCheck
+from operations.refuse import refuse, refuse_option_ref
 from operations.survey import same_file
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as

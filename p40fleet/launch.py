@@ -115,7 +115,6 @@ from p40fleet.profile import (
     PASCAL_PROFILE,
     PROFILES,
     VOLTA_TURING_PROFILE,
-    summarize_host,
 )
 from p40fleet.spec import StackSpec
 
@@ -621,18 +620,14 @@ def plan_launch(
     cannot be a Hydra override value.
     """
     gpus = list(gpus)
-    summary = summarize_host(
-        gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(gpus)
     if not summary.ok or summary.profile is None:
         raise LaunchError(f"GPUs {summary.gpus_str}: {summary.refused}")
     if cluster is None:
         cluster = ClusterShape(node_gpus=(("this host", summary.gpu_count),))
     profile = summary.profile
     if cluster.gpus:  # the cluster's lowest profile decides for every node
-        whole = summarize_host(
-            cluster.gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-        )
+        whole = spec.gpu_summary(cluster.gpus)
         if not whole.ok or whole.profile is None:
             raise LaunchError(f"Ray cluster GPUs {whole.gpus_str}: {whole.refused}")
         profile = whole.profile

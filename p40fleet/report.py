@@ -52,7 +52,6 @@ from rich.table import Table
 from rich.text import Text
 
 from p40fleet.checks import FAIL, PASS, SKIP, Check, host_verdict
-from p40fleet.profile import summarize_host
 from p40fleet.spec import StackSpec
 
 __all__ = [
@@ -153,9 +152,7 @@ def gpu_summary(gpus: Sequence[Any], spec: StackSpec) -> dict[str, Any]:
     ``gpus`` are the PCI facts (``PciGpu``: an id the catalog lacks keeps the model derived
     from the host's pci.ids name) or device ids.
     """
-    summary = summarize_host(
-        gpus, branch=spec.driver_branch, allow_maxwell=spec.policy.allow_maxwell
-    )
+    summary = spec.gpu_summary(gpus)
     return {
         "count": summary.gpu_count,
         "models": list(summary.models),

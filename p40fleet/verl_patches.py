@@ -26,10 +26,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from p40fleet.profile import PROFILES
+
 APPLIER_PATH = Path(__file__).resolve().parent.parent / "files" / "verl_patch.py"
 RECORD_NAME = ".p40fleet-patches.json"
 
-PROFILES = ("pascal", "volta-turing", "ampere-plus")
 PATCHED_PROFILES = ("pascal",)
 
 
@@ -64,17 +65,6 @@ class RuleSet:
             "reason": self.reason,
             "rules": [asdict(r) for r in self.rules],
         }
-
-
-def profile_for_cc(major: int, minor: int = 0) -> str:
-    """Compute capability -> profile name (refusals for < 5.0 belong to the GPU checks)."""
-    if major >= 8:
-        return "ampere-plus"
-    if major == 7:
-        return "volta-turing"
-    if major in (5, 6):
-        return "pascal"
-    raise VerlPatchError(f"compute capability {major}.{minor} has no verl profile")
 
 
 # --- verl v0.5.0 (tag, commit 8fdc4d3f202f41461f4de9f42a637228e342668b) -------------------

@@ -3,7 +3,7 @@
 The mirror's doubles (``p40lab.mirror``) pin the NVIDIA/conda artifacts; this module adds the
 wheelhouse (PEP 503 index), the git remotes (real verl 0.5.0 source, the Apex stand-in) and the
 pins a lab host can actually run: the base image's python, the wheelhouse's CPU torch, Apex
-without CUDA extensions. The real defaults in ``p40fleet/spec.py`` stay untouched.
+without CUDA extensions. The real defaults in ``p40fleet/spec/pins.py`` stay untouched.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Usage::
 
     from tests.opharness import at, run_op
     from facts.host import FreeSpace
-    from facts.system import CudaToolkit, GccMajor
+    from facts.cuda import CudaToolkit, GccMajor
 
     result = run_op(
         cuda.toolkit,                       # the decorated operation (or its ._inner)
@@ -57,7 +57,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 __all__ = ["FactKey", "MissingFact", "OpResult", "at", "make_host", "run_op"]
 
-#: Names a refusal's FunctionCommand may have (operations.preflight.refuse uses ``_fail``).
+#: Names a refusal's FunctionCommand may have (operations.refuse.refuse uses ``_fail``).
 FAIL_FUNCTION_NAMES = ("_fail", "_refuse")
 #: Timing steps (operations.progress.Stopwatch) change nothing: left out of ``commands``.
 TIMING_TEXTS = ("function _stopwatch_start", "function _stopwatch_stop")

@@ -481,7 +481,7 @@ def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas, channel):
 
 
 def test_conda_tos_fact_tells_the_doubles_apart(minicondas, tmp_path):
-    from facts.python_env import CondaTos
+    from facts.conda import CondaTos
 
     prefixes, _ = minicondas
 

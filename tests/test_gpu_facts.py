@@ -4,18 +4,17 @@ from pathlib import Path
 
 import pytest
 
-from facts.gpu import (
-    PCI_NAME_MARKER,
+from facts.driver import (
     SMI_FIELDS,
     SMI_FIELDS_R470,
     SMI_MARKER,
     InstalledDriverVersion,
     LoadedDriverVersion,
-    NouveauLoaded,
     NvidiaSmi,
-    PciGpus,
-    normalize_bus_id,
 )
+from facts.gpu import PCI_NAME_MARKER, PciGpus
+from facts.nouveau import NouveauLoaded
+from p40fleet.gpu_catalog import normalize_bus_id
 from p40fleet.profile import summarize_host
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
+from facts.artifacts import ArtifactFile, ArtifactState
 from facts.host import FreeSpace, FreeSpaceInfo
-from facts.system import ArtifactFile, ArtifactState
 from operations import artifacts
 from p40fleet.spec import load_spec
 from tests.opharness import MissingFact, at, run_op

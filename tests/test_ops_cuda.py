@@ -10,9 +10,10 @@ import pytest
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import TmpDir
 
+from facts.cuda import CudaInstall, CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace, FreeSpaceInfo
-from facts.system import CudaInstall, CudaToolkit, GccMajor, NvccRelease
 from operations import cuda
+from p40fleet.spec import load_spec
 from tests.opharness import at, run_op
 
 FIXTURES = Path(__file__).parent / "fixtures/cuda"  # copies of shared/fixtures/cuda
@@ -20,7 +21,7 @@ FIXTURES = Path(__file__).parent / "fixtures/cuda"  # copies of shared/fixtures/
 RUN = "/var/cache/p40fleet/cuda_11.8.0_520.61.05_linux.run"
 DIR = "/usr/local/cuda-11.8"
 TMP = "/var/cache/p40fleet"
-NEED = cuda.default_tmp_bytes(4336730777)
+NEED = load_spec("t", {}).cuda.tmp_bytes()
 FLAGS = f"--silent --toolkit --installpath={DIR} --tmpdir={TMP} --no-man-page"
 
 
@@ -29,17 +30,12 @@ def free(n: int) -> FreeSpaceInfo:
 
 
 def toolkit(facts, **kwargs):
-    args = dict(runfile=RUN, version="11.8.0", cuda_dir=DIR, tmpdir=TMP, tmp_bytes=NEED)
+    args = dict(runfile=RUN, version="11.8.0", cuda_dir=DIR, tmpdir=TMP, tmp_bytes=NEED, max_gcc=11)
     args.update(kwargs)
     return run_op(cuda.toolkit, facts=facts, **args)
 
 
 FRESH = {CudaToolkit: CudaInstall(), GccMajor: 11, at(FreeSpace, path=TMP): free(10**10)}
-
-
-def test_default_tmp_bytes_is_size_times_1_1_or_4_5_gb():
-    assert NEED == int(4336730777 * 1.1)
-    assert cuda.default_tmp_bytes(None) == 4_500_000_000
 
 
 def test_fresh_install_exact_flags_never_driver():
@@ -81,6 +77,13 @@ def test_gcc_12_without_override_refuses_clearly():
 def test_gcc_12_with_override_adds_override():
     r = toolkit({**FRESH, GccMajor: 12}, allow_gcc_override=True)
     assert r.commands[-1] == f"sh {RUN} {FLAGS} --override"
+
+
+def test_max_gcc_is_the_spec_s_argument_not_a_constant():
+    assert toolkit({**FRESH, GccMajor: 12}, max_gcc=12).commands[-1] == f"sh {RUN} {FLAGS}"
+    r = toolkit(FRESH, max_gcc=10)
+    assert "gcc 11 is newer than CUDA 11.8 supports (gcc <= 10)" in r.failures[0]
+    assert "install gcc-10" in r.failures[0] and "gcc > 10 are unsupported" in r.failures[0]
 
 
 def test_gcc_11_with_override_allowed_does_not_add_override():

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from facts.system import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
+from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
 from operations import cudnn
 from tests.opharness import at, run_op
 

@@ -6,7 +6,8 @@ from pyinfra.facts.apt import AptSources
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Which
 
-from facts.gpu import InstalledDriverVersion, NvidiaSmi, PciGpu, PciGpus, SmiGpu, SmiResult
+from facts.driver import InstalledDriverVersion, NvidiaSmi, SmiGpu, SmiResult
+from facts.gpu import PciGpu, PciGpus
 from facts.host import KernelHeaders, KernelInfo
 from operations import driver
 from p40fleet.gpu_catalog import lookup

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pyinfra.facts.server import Which
 
-from facts.gpu import NouveauLoaded
-from facts.system import FileStamp, FileStampFact, InitramfsMtime
+from facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
 from operations import nouveau
 from tests.opharness import at, run_op
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Groups, Os, Users, Which
 
-from facts.python_env import (
+from facts.conda import (
     CondaInstall,
     CondaState,
     CondaTos,
@@ -21,11 +21,9 @@ from facts.python_env import (
     EnvDistributions,
     EnvPython,
     EnvPythonState,
-    GitCheckout,
-    GitState,
     MarkerText,
-    VerlPatchCheck,
 )
+from facts.verl import GitCheckout, GitState, VerlPatchCheck
 from operations import apex, conda, torch, training_user, verl
 from tests.opharness import run_op
 

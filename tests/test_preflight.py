@@ -1,4 +1,4 @@
-"""operations.preflight: a bad spec refuses its host only, at execution, and changes nothing.
+"""operations.refuse: a bad spec refuses its host only, at execution, and changes nothing.
 
 End to end: each test writes a tiny inventory + deploy into tmp and runs the real ``pyinfra``
 CLI on the local machine. The deploy calls ``validated_spec()`` and then touches a marker file
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.preflight import refusal_message
+from operations.refuse import refusal_message
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ DEPLOY = """
 from pyinfra import host
 from pyinfra.operations import files
 
-from operations.preflight import validated_spec
+from operations.refuse import validated_spec
 
 spec = validated_spec()
 if spec is not None:

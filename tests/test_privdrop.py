@@ -21,7 +21,7 @@ from pyinfra.api import FactBase
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
-from facts.python_env import EnvPython
+from facts.conda import EnvPython
 from facts.verify import VerifyProbe, render_probe
 from operations import apex, conda, torch, training, training_user, verl
 from p40fleet.privdrop import AS_USER_FN
@@ -259,7 +259,7 @@ def test_every_fact_that_reads_a_file_has_a_limit():
 
 
 def test_marker_text_reads_4096_bytes_and_no_symlink(tmp_path):
-    from facts.python_env import MarkerText
+    from facts.conda import MarkerText
 
     big = tmp_path / "big"
     with open(big, "wb") as fh:

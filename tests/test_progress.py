@@ -6,8 +6,8 @@ from __future__ import annotations
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.facts.files import File
 
+from facts.cuda import CudaInstall, CudaToolkit, GccMajor
 from facts.host import FreeSpace, FreeSpaceInfo
-from facts.system import CudaInstall, CudaToolkit, GccMajor
 from operations import apex, cuda, progress
 from tests.opharness import at, run_op
 
@@ -47,6 +47,7 @@ def test_cuda_install_names_its_log_and_reports_its_duration():
         cuda_dir="/usr/local/cuda-11.8",
         tmpdir=TMP,
         tmp_bytes=10,
+        max_gcc=11,
         facts={
             CudaToolkit: CudaInstall(),
             GccMajor: 11,

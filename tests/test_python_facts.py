@@ -1,4 +1,4 @@
-"""facts/python_env.py: commands never fail the host; outputs parse into states."""
+"""facts/conda.py and facts/verl.py: commands never fail the host; outputs parse into states."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ import sys
 
 import pytest
 
-from facts.python_env import (
+from facts.conda import (
     CondaInstall,
     CondaState,
     EnvDistributions,
     EnvPython,
-    GitCheckout,
     MarkerText,
-    VerlPatchCheck,
     env_python,
     normalize_name,
 )
+from facts.verl import GitCheckout, VerlPatchCheck
 
 #: The tests' own user: the facts' privilege drop runs without runuser then.
 ME = getpass.getuser()

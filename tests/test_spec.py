@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from p40fleet.profile import summarize_host
 from p40fleet.spec import (
     SpecError,
     StackSpec,
     clear_spec_cache,
+    cuda_release_of,
     deep_merge,
     load_spec,
     spec_for_host,
@@ -218,6 +220,71 @@ def test_driver_branch_follows_version():
         },
     )
     assert spec.driver_branch == "535"
+
+
+def _artifact(version: str) -> dict:
+    """A complete override of an artifact pin (version with its own file and sum)."""
+    return {"version": version, "filename": "f.run", "url": "https://example.invalid/f.run",
+            "sha256": SHA_A}  # fmt: skip
+
+
+# -- values derived from the pins, once, on the spec ---------------------------------------------
+
+
+def test_gpu_summary_follows_the_driver_branch_pin():
+    l4 = 0x27B8  # Ada: R525 supports it, R470 does not
+    assert load_spec("lab1", {}).gpu_summary([l4]).ok
+    r470 = load_spec("lab1", {"driver": _artifact("470.223.02")})
+    summary = r470.gpu_summary([l4])
+    assert not summary.ok and "driver R470 does not support Ada Lovelace" in summary.refused
+    assert summarize_host([l4]).ok  # the bare helper's default branch would have let it pass
+
+
+def test_gpu_summary_follows_the_maxwell_policy():
+    m40 = 0x17FD
+    assert not load_spec("lab1", {}).gpu_summary([m40]).ok
+    allowed = load_spec("lab1", {"policy": {"allow_maxwell": True}}).gpu_summary([m40] * 2)
+    assert allowed.ok and allowed.profile == "pascal"
+    assert load_spec("lab1", {}).gpu_summary([0x1B38] * 4).profile == "pascal"
+
+
+def test_cuda_release_is_the_pins_x_y():
+    assert load_spec("lab1", {}).cuda_release == "11.8"
+    assert load_spec("lab1", {"cuda": _artifact("12.1.105")}).cuda_release == "12.1"
+    assert cuda_release_of("11.8.20220929") == cuda_release_of("11.8.89") == "11.8"
+
+
+def test_max_gcc_comes_from_the_cuda_release():
+    assert load_spec("lab1", {}).max_gcc == 11
+    assert load_spec("lab1", {"cuda": _artifact("11.8.1")}).max_gcc == 11
+
+
+def test_max_gcc_of_an_unknown_cuda_release_is_an_error_not_a_guess():
+    spec = load_spec("lab1", {"cuda": _artifact("12.1.0")})
+    with pytest.raises(LookupError) as err:
+        _ = spec.max_gcc
+    text = str(err.value)
+    assert "stack.cuda.version = '12.1.0'" in text and "CUDA 12.1" in text
+    assert "GCC_MAX in p40fleet/spec/pins.py" in text and "known releases: 11.8" in text
+
+
+def test_requirements_variant_follows_the_torch_pin_unless_set():
+    assert load_spec("lab1", {}).requirements_variant == "v0.5.0"
+    cpu = load_spec("lab1", {"torch": {"version": "2.13.0+cpu"}})
+    assert not cpu.torch_is_cuda and cpu.requirements_variant == "lab"
+    set_ = {"torch": {"version": "2.13.0+cpu"}, "verl": {"requirements": "mine"}}
+    assert load_spec("lab1", set_).requirements_variant == "mine"
+    for variant in ("v0.5.0", "lab"):  # each default names a lock file that exists
+        assert (REPO / "files" / f"verl-requirements-{variant}.txt").is_file()
+        assert (REPO / "files" / f"torch-requirements-{variant}.txt").is_file()
+
+
+def test_cuda_tmp_bytes_is_the_unpack_else_1_1_times_the_file_else_4_5_gb():
+    spec = load_spec("lab1", {})
+    assert spec.cuda.tmp_bytes() == int(4336730777 * 1.1)
+    assert load_spec("lab1", {"cuda": _artifact("11.8.1")}).cuda.tmp_bytes() == 4_500_000_000
+    unpack = {"cuda": {"unpack_bytes": 123}}
+    assert load_spec("lab1", unpack).cuda.tmp_bytes() == 123
 
 
 # -- merging and normalisation ------------------------------------------------------------------
@@ -685,3 +752,30 @@ def test_air_gapped_mirror_needs_every_source():
             "git_base_url": "http://m/git", "apt": LAB_APT,
             "conda_channel": "http://m/c"}  # fmt: skip
     assert load_spec("lab1", {"mirror": full}).mirror.air_gapped
+
+
+# -- the package's shape -------------------------------------------------------------------------
+
+
+def test_spec_package_imports_run_one_way():
+    """fields <- pins <- errors <- load: no module imports one to its right."""
+    import ast
+
+    order = ["fields", "pins", "errors", "load"]
+    for index, name in enumerate(order):
+        tree = ast.parse((REPO / "p40fleet" / "spec" / f"{name}.py").read_text())
+        imported = {
+            node.module.rsplit(".", 1)[-1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("p40fleet.spec.")
+        }
+        assert imported <= set(order[:index]), (name, imported)
+
+
+def test_every_public_name_is_re_exported():
+    import p40fleet.spec as package
+
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+    assert package.StackSpec is package.pins.StackSpec
+    assert package.SpecError.__module__ == "p40fleet.spec.errors"

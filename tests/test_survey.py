@@ -19,8 +19,8 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
 from facts import survey as memo
+from facts.cudnn import PathDevice
 from facts.host import LinuxDistribution, MemTotal
-from facts.system import PathDevice
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
+from facts.artifacts import ArtifactFile, ArtifactState
 from facts.host import FreeSpace, FreeSpaceInfo
-from facts.system import ArtifactFile, ArtifactState
 from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import training
 from p40fleet.launch import LaunchError, plan_launch

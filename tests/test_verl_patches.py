@@ -14,6 +14,7 @@ import pytest
 from verl_sdist import cache_dir, extract_verl
 
 from p40fleet import verl_patches as vp
+from p40fleet.profile import PROFILES
 from p40lab import verl_remote
 
 APPLIER = vp.APPLIER_PATH
@@ -105,9 +106,8 @@ def test_profiles_and_refs():
         vp.rule_set("v0.4.1", "pascal")
     with pytest.raises(vp.VerlPatchError, match="unknown GPU profile"):
         vp.rule_set("v0.5.0", "kepler")
-    assert vp.profile_for_cc(6, 1) == "pascal"
-    assert vp.profile_for_cc(7, 5) == "volta-turing"
-    assert vp.profile_for_cc(9, 0) == "ampere-plus"
+    for profile in PROFILES:  # every profile p40fleet.profile gives has a rule set
+        assert vp.rule_set("v0.5.0", profile).profile == profile
     data = json.loads(vp.ruleset_json("v0.5.0", "pascal"))
     assert data["supported"] is True and data["rules"][0].keys() >= {"id", "old", "new", "count"}
 

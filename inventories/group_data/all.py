@@ -1,13 +1,13 @@
 """Group data for every host: the stack spec's lab-wide settings.
 
 pyinfra loads this file for any inventory in ``inventories/`` (every host is in group ``all``).
-The data key ``stack`` is validated by ``p40fleet/spec.py`` at the top of every deploy; a host
+The data key ``stack`` is validated by ``p40fleet/spec/`` at the top of every deploy; a host
 with a bad value is refused (with the field, the value and what is expected) and left untouched,
 the other hosts carry on.
 
 Only what a lab usually changes is set here. Everything left out takes the default from
-``p40fleet/spec.py``, and **those defaults are the real pins** (docs/stack-facts.md §1): driver
-525.147.05, CUDA 11.8.0, cuDNN 8.9.7.29, Miniconda py310_24.11.1-0, Python 3.10.12, torch
+``p40fleet/spec/pins.py``, and **those defaults are the real pins** (docs/stack-facts.md §1):
+driver 525.147.05, CUDA 11.8.0, cuDNN 8.9.7.29, Miniconda py310_24.11.1-0, Python 3.10.12, torch
 2.6.0+cu118, Apex 25.09, verl v0.5.0 — each downloaded file with its published sha256. Don't
 copy the pins in here "to be explicit": a copy goes stale when the defaults are updated.
 

@@ -1,54 +1,79 @@
-"""The validated stack spec: what a P40 host gets, pinned and checked before anything runs.
+"""The pins: what a P40 host gets, as validated models whose defaults are the real pins.
 
-Where the values come from
---------------------------
-pyinfra host data key ``stack`` (a dict, usually set in ``inventories/group_data/all.py``) is
-deep-merged with host data key ``stack_host`` (per-host overrides, set in the inventory) and
-validated into a frozen :class:`StackSpec`. Every default below is the real pin of the real-lab
-stack (see ``docs/stack-facts.md`` §1), so an empty ``stack`` dict is a complete, correct spec.
+This file is the project's ``defaults/main.yml``: every default below is the real pin of the
+real-lab stack (``docs/stack-facts.md`` §1), so an empty ``stack`` dict is a complete, correct
+spec. A new pin (a CUDA release, say) is changed here and nowhere else: every value that depends
+on a pin is derived on :class:`StackSpec` (``cuda_release``, ``max_gcc``, ``driver_branch``,
+``gpu_summary``, ``requirements_variant``).
 
-Errors
-------
-:func:`load_spec` turns pydantic's ``ValidationError`` into :class:`SpecError`, one line per
-problem, worded for an admin::
+==================  =========================================================================
+pin                 default (model.field)
+==================  =========================================================================
+NVIDIA driver       525.147.05 runfile, the last R525 (``DriverArtifact``)
+CUDA                11.8.0 runfile, toolkit in /usr/local/cuda-11.8 (``CudaArtifact``, ``Paths``)
+newest gcc          11, for CUDA 11.8 (``GCC_MAX``; a new CUDA release adds its row)
+cuDNN               8.9.7.29 for CUDA 11 (``CudnnArtifact``)
+Miniconda           py310_24.11.1-0 (``MinicondaArtifact``), env verl-p40 (``PythonEnv``)
+Python              3.10.12 (``StackSpec.python_version``)
+PyTorch             2.6.0+cu118, torchvision 0.21.0+cu118, torchaudio 2.6.0+cu118 (``TorchPin``)
+Apex                tag 25.09, 4bdecd06... (``ApexPin``)
+verl                tag v0.5.0, 8fdc4d3f... (``VerlPin``); requirements lock v0.5.0
+                    (``VERL_REQUIREMENTS_CUDA``; ``lab`` for a CPU torch)
+training user       verl, uid 2001, /home/verl (``TrainingUser``)
+==================  =========================================================================
 
-    host lab1: stack.cuda.sha256 = 'abc': expected 64 hex characters (sha256sum of the file)
-
-Public API
-----------
-``StackSpec`` (and its parts), ``SpecError``, ``load_spec``, ``spec_for_host``,
-``clear_spec_cache``, ``deep_merge``, ``ARTIFACTS``, ``GIT_PINS``, ``COMPONENTS``.
+Field types and validators are in ``fields.py``, error wording in ``errors.py``, loading from
+pyinfra host data in ``load.py``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import posixpath
-import re
-import types
-import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from packaging.version import InvalidVersion, Version
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from packaging.version import Version
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 from pydantic_core import PydanticUndefined
+
+from p40fleet.profile import HostGpuSummary, summarize_host
+from p40fleet.spec.fields import (
+    _APT_WORD,
+    _FROZEN,
+    _SYSTEM_DIRS,
+    _TMP_DIRS,
+    HOME_ROOTS,
+    AbsPath,
+    BaseUrl,
+    FileName,
+    GitCommit,
+    GitRef,
+    HttpUrl,
+    Pep440,
+    Port,
+    Problem,
+    Sha256,
+    _cuda_dir_problem,
+    _host_address,
+    _ip,
+    _is_under,
+    _pattern,
+    _Problems,
+    _python_version,
+    _root_dir_problem,
+    _url_or_abs_path,
+)
 
 __all__ = [
     "ARTIFACTS",
-    "ApexPin",
     "COMPONENTS",
+    "GCC_MAX",
     "GIT_PINS",
+    "VERL_REQUIREMENTS_CPU",
+    "VERL_REQUIREMENTS_CUDA",
+    "ApexPin",
+    "AptMirror",
     "Artifact",
     "CudaArtifact",
     "CudnnArtifact",
@@ -58,23 +83,18 @@ __all__ = [
     "Mirror",
     "Paths",
     "Policy",
-    "Problem",
     "PythonEnv",
     "RayCluster",
-    "SpecError",
     "StackSpec",
     "TorchPin",
+    "TorchSums",
     "Training",
     "TrainingArchive",
     "TrainingData",
     "TrainingModel",
     "TrainingUser",
     "VerlPin",
-    "clear_spec_cache",
-    "deep_merge",
-    "host_key_problem",
-    "load_spec",
-    "spec_for_host",
+    "cuda_release_of",
 ]
 
 #: Names accepted by :meth:`StackSpec.artifact_url` (fields of StackSpec that are artifacts).
@@ -93,31 +113,21 @@ COMPONENTS: tuple[str, ...] = (
     "verl",
 )
 
-# Directories whose content does not survive a reboot or gets cleaned: no persistent target there.
-_TMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run")
-# Directories the OS owns: a deploy that chowns, installs over or links here breaks the host.
-_SYSTEM_DIRS: frozenset[str] = frozenset(
-    ("/", "/bin", "/boot", "/data", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64",
-     "/libx32", "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv",
-     "/sys", "/tmp", "/usr", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib64", "/usr/libexec",
-     "/usr/local", "/usr/local/bin", "/usr/local/include", "/usr/local/lib", "/usr/local/sbin",
-     "/usr/local/share", "/usr/sbin", "/usr/share", "/usr/src", "/var", "/var/cache", "/var/lib",
-     "/var/log", "/var/spool", "/var/tmp")
-)  # fmt: skip
-# Trees no p40fleet directory may live in: kernel/virtual filesystems, the OS's own files, root's.
-_SYSTEM_TREES: tuple[str, ...] = (
-    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/root", "/sbin", "/sys",
-    "/usr/bin", "/usr/lib", "/usr/sbin", "/usr/share",
-)  # fmt: skip
-#: Roots a training user's home may sit under (/home/<name>, /srv/<name>, /data/<...>).
-HOME_ROOTS: tuple[str, ...] = ("/home", "/srv", "/data")
-#: Where a CUDA toolkit dir (and its symlink) may live.
-CUDA_ROOTS: tuple[str, ...] = ("/usr/local", "/opt")
-
-_FROZEN = ConfigDict(extra="forbid", frozen=True)
 
 #: PyPI, the rest of the torch closure when no mirror is set (the torch index lacks new pins).
 PYPI_SIMPLE = "https://pypi.org/simple"
+
+#: The newest gcc (major) each CUDA release's runfile installs with, by release X.Y; a newer gcc
+#: needs ``--override``. Only rows with a source: 11.8 -> 11 (docs/stack-facts.md §4, "CUDA 11.8
+#: wants gcc <= 11"). A release missing here is an error (``StackSpec.max_gcc``), never a guess:
+#: add its row with the pin, from that release's Installation Guide for Linux (NVIDIA's table of
+#: supported compilers).
+GCC_MAX: dict[str, int] = {"11.8": 11}
+
+#: The verl requirements lock (``files/verl-requirements-<variant>.txt``) for a CUDA torch pin,
+#: and for a CPU torch (the simulated lab's); ``verl.requirements`` overrides both.
+VERL_REQUIREMENTS_CUDA = "v0.5.0"
+VERL_REQUIREMENTS_CPU = "lab"
 
 # Default locations of the env paths, relative to user.home.
 _ENV_SUBDIRS = {
@@ -126,165 +136,6 @@ _ENV_SUBDIRS = {
     "data_dir": "data",
     "model_dir": "models",
 }
-
-
-def _is_under(path: str, directory: str, strict: bool = False) -> bool:
-    directory = directory.rstrip("/") or "/"
-    if path == directory:
-        return not strict
-    return path.startswith(directory if directory == "/" else directory + "/")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One validation problem: ``loc`` is relative to the model that found it."""
-
-    loc: tuple[str | int, ...]
-    value: Any
-    expected: str
-
-
-class _Problems(ValueError):
-    """Raised by cross-field validators: carries problems with their own field paths."""
-
-    def __init__(self, problems: list[Problem]):
-        super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.expected}" for p in problems))
-        self.problems = problems
-
-
-# --------------------------------------------------------------------------------------------
-# Field types: each validator raises ValueError whose text is what an admin should supply.
-# --------------------------------------------------------------------------------------------
-
-
-def _sha256(value: str) -> str:
-    value = value.strip()
-    if len(value) != 64 or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
-        what = f"{len(value)} characters" if len(value) != 64 else "non-hex characters"
-        raise ValueError(
-            f"expected 64 hex characters (the sha256sum of the file), got {what}",
-        )
-    return value.lower()
-
-
-# Values that reach a shell (quoted, but a second line of defence): letters, digits, . _ / + -.
-_SAFE_PATH = re.compile(r"[A-Za-z0-9._/+-]+")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9._+-]+")
-# Shell metacharacters no URL of the spec needs (whitespace is refused separately).
-_URL_UNSAFE = re.compile(r"""['"`$\\;<>|]""")
-
-
-def _abs_path(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError("expected an absolute path (starting with '/')")
-    if not _SAFE_PATH.fullmatch(value):
-        raise ValueError(
-            "expected a path of letters, digits and . _ / + - only (no spaces, quotes, $, ;, "
-            "backticks or other shell characters)"
-        )
-    parts = value.split("/")
-    if ".." in parts:
-        raise ValueError("expected a path without '..' components (write the real path)")
-    normalised = posixpath.normpath(value)
-    if normalised.startswith("//"):  # posix keeps a leading '//' as is
-        normalised = "/" + normalised.lstrip("/")
-    return normalised
-
-
-def _http_url(value: str) -> str:
-    value = value.strip()
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc or re.search(r"\s", value):
-        raise ValueError("expected an http:// or https:// URL")
-    if _URL_UNSAFE.search(value) or any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(
-            "expected a URL without quotes, $, \\, backticks, ;, <, >, | or control characters "
-            "(percent-encode them)"
-        )
-    return value
-
-
-def _base_url(value: str) -> str:
-    return _http_url(value).rstrip("/")
-
-
-def _url_or_abs_path(value: str) -> str:
-    if value.startswith("/"):
-        return _abs_path(value)
-    try:
-        return _base_url(value)
-    except ValueError:
-        raise ValueError("expected an http(s) URL or an absolute directory path") from None
-
-
-def _filename(value: str) -> str:
-    if not value or "/" in value or value in (".", "..") or "\x00" in value:
-        raise ValueError("expected a plain file name (no '/'), e.g. the last part of the URL")
-    if not _SAFE_NAME.fullmatch(value):
-        raise ValueError(
-            "expected a file name of letters, digits and . _ + - only (no spaces, quotes, $, ;, "
-            "backticks or other shell characters)"
-        )
-    return value
-
-
-def _pattern(regex: str, expected: str):
-    compiled = re.compile(regex)
-
-    def check(value: str) -> str:
-        if not compiled.fullmatch(value):
-            raise ValueError(expected)
-        return value
-
-    return check
-
-
-def _pep440(value: str) -> str:
-    try:
-        parsed = Version(value)
-    except InvalidVersion:
-        raise ValueError("expected a PEP 440 version such as 2.6.0+cu118") from None
-    if str(parsed) != value:
-        raise ValueError(f"expected a PEP 440 version in normal form, i.e. {str(parsed)!r}")
-    return value
-
-
-def _python_version(value: str) -> str:
-    if not re.fullmatch(r"3\.\d{1,2}\.\d{1,2}", value):
-        raise ValueError("expected a Python version X.Y.Z such as 3.10.12")
-    minor = int(value.split(".")[1])
-    if minor < 10:
-        raise ValueError("expected Python 3.10 or newer (verl needs Python >= 3.10)")
-    return value
-
-
-Sha256 = Annotated[str, AfterValidator(_sha256)]
-AbsPath = Annotated[str, AfterValidator(_abs_path)]
-HttpUrl = Annotated[str, AfterValidator(_http_url)]
-BaseUrl = Annotated[str, AfterValidator(_base_url)]
-FileName = Annotated[str, AfterValidator(_filename)]
-GitCommit = Annotated[
-    str,
-    BeforeValidator(lambda v: v.strip().lower() if isinstance(v, str) else v),
-    AfterValidator(
-        _pattern(r"[0-9a-f]{40}", "expected a full 40-hex-character git commit id (git rev-parse)")
-    ),
-]
-GitRef = Annotated[
-    str,
-    AfterValidator(
-        _pattern(
-            r"(?![-/])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])",
-            "expected a git tag or branch name such as v0.5.0 (not starting with '-' or '/')",
-        )
-    ),
-]
-Pep440 = Annotated[str, AfterValidator(_pep440)]
-
-
-# --------------------------------------------------------------------------------------------
-# Models
-# --------------------------------------------------------------------------------------------
 
 
 class Artifact(BaseModel):
@@ -497,40 +348,6 @@ class Paths(BaseModel):
         return self
 
 
-def _cuda_dir_problem(path: str, what: str, example: str) -> str | None:
-    """Why ``path`` cannot be a CUDA dir or its link (None: it can): under /usr/local or /opt,
-    named ``*cuda*``, never a system directory (the runfile installs over it, cuDNN's stale
-    files are removed from it, the link step replaces what is there)."""
-    if path in _SYSTEM_DIRS or not any(_is_under(path, root, strict=True) for root in CUDA_ROOTS):
-        return (
-            f"expected {what} under {' or '.join(CUDA_ROOTS)} with 'cuda' in its name, such as "
-            f"{example} (not a system directory)"
-        )
-    if "cuda" not in posixpath.basename(path).lower():
-        return f"expected {what} with 'cuda' in its name, such as {example}"
-    return None
-
-
-def _root_dir_problem(path: str) -> str | None:
-    """Why ``path`` cannot hold root's downloads or cuDNN tree (None: it can): not a system
-    directory itself, not inside the OS's trees, not a tmp dir anyone may write to, not a home."""
-    if path in _SYSTEM_DIRS and not any(_is_under(path, tmp) for tmp in _TMP_DIRS):
-        return (
-            "expected a dedicated directory such as /var/cache/p40fleet, not a system directory "
-            "(p40fleet creates, chowns and deletes files in it as root)"
-        )
-    for tree in (*_TMP_DIRS, *_SYSTEM_TREES, "/home"):
-        if _is_under(path, tree):
-            why = "a tmp dir any local user can write to" if tree in _TMP_DIRS else "a system tree"
-            if tree == "/home":
-                why = "users' homes (a user could swap what root runs)"
-            return (
-                f"expected a root-only directory such as /var/cache/p40fleet, not under {tree} "
-                f"({why})"
-            )
-    return None
-
-
 class TrainingUser(BaseModel):
     model_config = _FROZEN
 
@@ -584,9 +401,6 @@ class PythonEnv(BaseModel):
     verl_checkout: AbsPath = "/home/verl/verl"
     data_dir: AbsPath = "/home/verl/data"
     model_dir: AbsPath = "/home/verl/models"
-
-
-_APT_WORD = r"[A-Za-z0-9][A-Za-z0-9._+~-]*"
 
 
 class AptMirror(BaseModel):
@@ -711,28 +525,6 @@ class Policy(BaseModel):
     allow_maxwell: bool = False
     # SSH with a host key not checked against known_hosts ("accept-new", "no"): an explicit opt-in.
     allow_unverified_host_keys: bool = False
-
-
-def _host_address(value: str) -> str:
-    value = value.strip()
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        pass
-    if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
-                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*", value):  # fmt: skip
-        raise ValueError("expected an IP address or a DNS host name such as node1.lab")
-    return value
-
-
-def _ip(value: str) -> str:
-    try:
-        return str(ipaddress.ip_address(value.strip()))
-    except ValueError:
-        raise ValueError("expected an IP address of this host, such as 10.0.0.11") from None
-
-
-Port = Annotated[int, Field(ge=1024, le=65535)]
 
 
 class RayCluster(BaseModel):
@@ -941,6 +733,53 @@ class StackSpec(BaseModel):
         """The driver branch, e.g. ``"525"`` for 525.147.05."""
         return self.driver.version.split(".", 1)[0]
 
+    @property
+    def cuda_release(self) -> str:
+        """The CUDA release X.Y of the pin, e.g. ``"11.8"`` for 11.8.0 (what nvcc reports)."""
+        return cuda_release_of(self.cuda.version)
+
+    @property
+    def max_gcc(self) -> int:
+        """The newest gcc major the pinned CUDA release installs with (11 for CUDA 11.8).
+
+        Raises ``LookupError`` for a release :data:`GCC_MAX` does not list.
+        """
+        release = self.cuda_release
+        if release not in GCC_MAX:
+            known = ", ".join(sorted(GCC_MAX))
+            raise LookupError(
+                f"stack.cuda.version = {self.cuda.version!r}: p40fleet does not know the newest "
+                f"gcc CUDA {release} supports (known releases: {known}); add CUDA {release}'s "
+                "row to GCC_MAX in p40fleet/spec/pins.py from NVIDIA's Installation Guide for "
+                "Linux (supported compilers), or pin a known release"
+            )
+        return GCC_MAX[release]
+
+    @property
+    def torch_is_cuda(self) -> bool:
+        """Whether the torch pin is a CUDA build (local label ``cuXYZ``, as in 2.6.0+cu118)."""
+        return (Version(self.torch.version).local or "").lower().startswith("cu")
+
+    @property
+    def requirements_variant(self) -> str:
+        """The ``<variant>`` of files/{torch,verl}-requirements-<variant>.txt this spec installs.
+
+        ``verl.requirements`` when set; else the CUDA lock for a CUDA torch pin, the lab's
+        lock for a CPU torch (the simulated lab's).
+        """
+        if self.verl.requirements:
+            return self.verl.requirements
+        return VERL_REQUIREMENTS_CUDA if self.torch_is_cuda else VERL_REQUIREMENTS_CPU
+
+    def gpu_summary(self, gpus: Iterable[int | object]) -> HostGpuSummary:
+        """The host's GPU summary (profile, refusal) under this spec's driver branch and policy.
+
+        ``gpus``: PCI facts (``PciGpu``), objects with ``device_id``, or device ids.
+        """
+        return summarize_host(
+            gpus, branch=self.driver_branch, allow_maxwell=self.policy.allow_maxwell
+        )
+
     def artifact(self, name: str) -> Artifact:
         if name not in ARTIFACTS:
             raise KeyError(f"unknown artifact {name!r} (known: {', '.join(ARTIFACTS)})")
@@ -999,6 +838,11 @@ class StackSpec(BaseModel):
         return _dedupe_trusted(args)
 
 
+def cuda_release_of(version: str) -> str:
+    """``11.8.0`` / ``11.8.20220929`` / ``11.8.89`` -> ``11.8``: the release X.Y of a version."""
+    return ".".join(version.split(".")[:2])
+
+
 def _dedupe_trusted(args: list[str]) -> list[str]:
     """Drop a repeated ``--trusted-host HOST`` pair (index and find-links on one mirror)."""
     out: list[str] = []
@@ -1014,266 +858,3 @@ def _dedupe_trusted(args: list[str]) -> list[str]:
         out.append(args[i])
         i += 1
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------
-
-
-def _short_repr(value: Any, limit: int = 90) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class SpecError(ValueError):
-    """A stack spec that does not validate. ``str()`` is one admin-readable line per problem.
-
-    ``host``, ``field``, ``value``, ``expected`` describe the first problem; ``problems`` holds
-    all of them as ``(field, value, expected)`` tuples.
-    """
-
-    def __init__(
-        self,
-        host: str,
-        field: str,
-        value: Any,
-        expected: str,
-        *,
-        problems: Iterable[tuple[str, Any, str]] | None = None,
-    ):
-        self.host = host
-        self.field = field
-        self.value = value
-        self.expected = expected
-        self.problems: tuple[tuple[str, Any, str], ...] = tuple(
-            problems if problems is not None else [(field, value, expected)]
-        )
-        super().__init__(str(self))
-
-    @classmethod
-    def from_problems(cls, host: str, problems: Iterable[tuple[str, Any, str]]) -> SpecError:
-        problems = list(problems)
-        field, value, expected = problems[0]
-        return cls(host, field, value, expected, problems=problems)
-
-    def lines(self) -> list[str]:
-        return [
-            f"host {self.host}: {field} = {_short_repr(value)}: {expected}"
-            for field, value, expected in self.problems
-        ]
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines())
-
-    def __reduce__(self):
-        return (_rebuild_spec_error, (self.host, self.problems))
-
-
-def _rebuild_spec_error(host, problems):
-    return SpecError.from_problems(host, problems)
-
-
-def _unwrap_optional(annotation: Any) -> Any:
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The model class reached by following ``loc`` from StackSpec (None if not a model)."""
-    model: Any = StackSpec
-    for part in loc:
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        model = _unwrap_optional(field.annotation)
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return model
-    return None
-
-
-def _get_path(data: Any, loc: tuple) -> tuple[bool, Any]:
-    for part in loc:
-        if isinstance(data, Mapping) and part in data:
-            data = data[part]
-        elif isinstance(data, (list, tuple)) and isinstance(part, int) and part < len(data):
-            data = data[part]
-        else:
-            return False, None
-    return True, data
-
-
-_TYPE_WORDS = {
-    "string_type": "expected a string (in quotes)",
-    "int_type": "expected a whole number",
-    "int_parsing": "expected a whole number",
-    "int_from_float": "expected a whole number",
-    "bool_type": "expected True or False",
-    "bool_parsing": "expected True or False",
-    "list_type": "expected a list",
-    "tuple_type": "expected a list",
-    "missing": "required setting is missing",
-}
-
-
-def _dotted(loc: tuple) -> str:
-    text = "stack"
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return text
-
-
-def _expected_for(error: Mapping[str, Any], loc: tuple) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        allowed = ", ".join(parent.model_fields) if parent else "?"
-        return f"unknown key {loc[-1]!r} (allowed: {allowed})"
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
-        model = _model_at(loc)
-        if model is not None:
-            return f"expected a dict with keys from: {', '.join(model.model_fields)}"
-        return "expected a dict"
-    if kind == "value_error":
-        return str(ctx.get("error", error["msg"]))
-    if kind == "literal_error":
-        return f"expected one of {ctx.get('expected', '')}"
-    if kind == "greater_than":
-        return f"expected a number greater than {ctx.get('gt')}"
-    if kind in ("greater_than_equal", "less_than_equal"):
-        model_field = loc[-1] if loc else ""
-        if model_field == "uid":
-            return "expected a uid from 1000 to 60000 (a regular, non-system user)"
-        bound = ctx.get("ge", ctx.get("le"))
-        word = "at least" if kind == "greater_than_equal" else "at most"
-        return f"expected a number {word} {bound}"
-    if kind == "string_too_short":
-        return "expected a non-empty string"
-    if kind in _TYPE_WORDS:
-        return _TYPE_WORDS[kind]
-    return f"{error['msg'][:1].lower()}{error['msg'][1:]}"
-
-
-def _problems_from(exc: ValidationError, merged: Mapping, stack_host: Mapping | None) -> list:
-    out: list[tuple[str, Any, str]] = []
-    for error in exc.errors(include_url=False):
-        loc = tuple(error["loc"])
-        cause = (error.get("ctx") or {}).get("error")
-        if isinstance(cause, _Problems):
-            items = [(loc + p.loc, p.value, p.expected) for p in cause.problems]
-        else:
-            found, value = _get_path(merged, loc)
-            items = [(loc, value if found else error.get("input"), _expected_for(error, loc))]
-        for full_loc, value, expected in items:
-            if stack_host:
-                in_host, _ = _get_path(stack_host, full_loc)
-                if in_host:
-                    expected = f"{expected}; value set in stack_host"
-            field = _dotted(full_loc)
-            out.append((field, value, expected))
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
-
-
-def deep_merge(base: Mapping, override: Mapping) -> dict:
-    """A new dict: ``override`` over ``base``, recursing where both sides are dicts."""
-    out: dict = {}
-    for key, value in base.items():
-        out[key] = deep_merge(value, {}) if isinstance(value, Mapping) else value
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        elif isinstance(value, Mapping):
-            out[key] = deep_merge(value, {})
-        else:
-            out[key] = value
-    return out
-
-
-def load_spec(
-    host_name: str, stack: Mapping | None, stack_host: Mapping | None = None
-) -> StackSpec:
-    """Deep-merge ``stack_host`` over ``stack`` and validate; raise :class:`SpecError` if bad."""
-    for key, data in (("stack", stack), ("stack_host", stack_host)):
-        if data is not None and not isinstance(data, Mapping):
-            raise SpecError(
-                host_name,
-                key,
-                data,
-                "expected a dict of stack settings (see inventories/group_data/all.py)",
-            )
-    merged = deep_merge(stack or {}, stack_host or {})
-    try:
-        return StackSpec.model_validate(merged)
-    except ValidationError as exc:
-        raise SpecError.from_problems(host_name, _problems_from(exc, merged, stack_host)) from None
-
-
-_KNOWN_HOST_KEYS = ("stack", "stack_host")
-_cache: dict[str, tuple[Any, Any, StackSpec]] = {}
-
-
-def spec_for_host(host: Any) -> StackSpec:
-    """The validated spec of a pyinfra ``Host`` (cached per host name); raises SpecError."""
-    data = host.data
-    stack = data.get("stack")
-    stack_host = data.get("stack_host")
-    cached = _cache.get(host.name)
-    if cached is not None and cached[0] == stack and cached[1] == stack_host:
-        return cached[2]
-
-    all_data = data.dict() if hasattr(data, "dict") else {}
-    strays = [
-        (key, all_data[key])
-        for key in sorted(all_data)
-        if isinstance(key, str) and key.startswith("stack") and key not in _KNOWN_HOST_KEYS
-    ]
-    if strays:
-        raise SpecError.from_problems(
-            host.name,
-            [
-                (key, value, f"unknown host-data key {key!r} (allowed: stack, stack_host)")
-                for key, value in strays
-            ],
-        )
-
-    spec = load_spec(host.name, stack, stack_host)
-    _cache[host.name] = (stack, stack_host, spec)
-    return spec
-
-
-def host_key_problem(host: Any, spec: StackSpec) -> SpecError | None:
-    """The refusal for an SSH host that does not check its host key (None: it does, or is local).
-
-    pyinfra's default is ``accept-new`` (the first key seen is trusted and stored), so a host
-    list or an inventory that forgets ``ssh_strict_host_key_checking`` must not go unnoticed.
-    """
-    from pyinfra.connectors.ssh import SSHConnector  # pyinfra only where a host is given
-
-    if not issubclass(host.connector_cls, SSHConnector) or spec.policy.allow_unverified_host_keys:
-        return None
-    value = host.data.get("ssh_strict_host_key_checking")
-    if value == "yes":
-        return None
-    return SpecError(
-        host.name,
-        "ssh_strict_host_key_checking",
-        value if value is not None else "accept-new (pyinfra's default)",
-        "expected 'yes' (set it in the inventory's host data, with ssh_known_hosts_file naming "
-        "the hosts' keys), or set stack.policy.allow_unverified_host_keys=True to accept it",
-    )
-
-
-def clear_spec_cache() -> None:
-    _cache.clear()

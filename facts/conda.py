@@ -1,16 +1,17 @@
-"""Facts about the training user's Python layer: Miniconda, the conda env, its packages, git.
+"""Facts about the training user's conda layer: Miniconda, its ToS plugin, the env's python, the
+env's distributions and the small marker files kept in the env (torch, Apex, verl read these).
 
-Every command exits 0 whatever it finds (missing prefix, broken interpreter, no git repo) and
-encodes the state in its output, so gathering these facts never fails a host. Each runs as the
-training user ``user`` (``p40fleet.privdrop``, clean environment), never as root: the env, conda
-and the checkout are that user's to change. While ``user`` does not exist the answer is "missing".
+Every command exits 0 whatever it finds (missing prefix, broken interpreter) and encodes the
+state in its output, so gathering these facts never fails a host. Each runs as the training user
+``user`` (``p40fleet.privdrop``, clean environment), never as root: the env and conda are that
+user's to change. While ``user`` does not exist the answer is "missing".
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
@@ -36,10 +37,7 @@ __all__ = [
     "EnvDistributions",
     "EnvPython",
     "EnvPythonState",
-    "GitCheckout",
-    "GitState",
     "MarkerText",
-    "VerlPatchCheck",
     "env_dir",
     "env_python",
     "normalize_name",
@@ -56,8 +54,6 @@ ENV_OK = "ok"  # python runs; compare ``version`` with the pin
 _MARK = "##p40fleet"
 #: Bytes of a marker file a fact reads (markers hold a key or a sum: a few dozen bytes).
 MARKER_LIMIT = 4096
-#: Lines of ``git status`` a fact keeps (the names it reports are for a message).
-STATUS_LINES = 200
 
 
 def env_dir(prefix: str, name: str) -> str:
@@ -327,98 +323,3 @@ class MarkerText(FactBase[str | None]):
         if not lines or not lines[0].startswith(_MARK):
             return None
         return "\n".join(lines[1:]).strip()
-
-
-@dataclass(frozen=True)
-class GitState:
-    """A git checkout: whether it exists, its HEAD, origin URL and locally modified files."""
-
-    exists: bool
-    is_repo: bool = False
-    head: str | None = None
-    origin: str | None = None
-    modified: tuple[str, ...] = field(default_factory=tuple)
-
-
-class GitCheckout(FactBase[GitState]):
-    """
-    Returns the ``GitState`` of a checkout (HEAD, ``origin`` URL, ``git status`` paths).
-    """
-
-    @staticmethod
-    @override
-    def default() -> GitState:
-        return GitState(exists=False)
-
-    @override
-    def command(self, path: str, user: str) -> str:
-        q = QuoteString(path)
-        # As the training user, the checkout's owner: no safe.directory override, so git never
-        # honours a repo config of someone else's (core.fsmonitor runs a command).
-        git = StringCommand("git -C", q)
-        return _as(user, StringCommand(
-            "if [ ! -e",
-            q,
-            f"]; then echo '{_MARK} missing';",
-            "elif head=$(",
-            git,
-            "rev-parse --verify -q HEAD 2>/dev/null); then",
-            f'echo "{_MARK} head $head";',
-            f'echo "{_MARK} origin $(',
-            git,
-            'config --get remote.origin.url)";',
-            git,
-            f"status --porcelain --untracked-files=no 2>/dev/null | head -n {STATUS_LINES};",
-            f"else echo '{_MARK} not-a-repo'; fi; true",
-        ), _MISSING)  # fmt: skip
-
-    @override
-    def process(self, output: list[str]) -> GitState:
-        head = origin = None
-        modified: list[str] = []
-        is_repo = False
-        for line in output:
-            if line.startswith(_MARK):
-                words = line[len(_MARK) :].split(None, 1)
-                kind = words[0] if words else ""
-                value = words[1].strip() if len(words) > 1 else None
-                if kind == "missing":
-                    return GitState(exists=False)
-                if kind == "not-a-repo":
-                    return GitState(exists=True, is_repo=False)
-                if kind == "head":
-                    is_repo, head = True, value
-                elif kind == "origin":
-                    origin = value
-            elif len(line) > 3 and line.strip():
-                # porcelain v1: "XY path" (renames: "old -> new")
-                modified.append(line[3:].split(" -> ")[-1].strip())
-        return GitState(True, is_repo, head, origin, tuple(modified))
-
-
-class VerlPatchCheck(MarkerText):
-    """
-    Returns the applier's ``--check`` exit code as text (``"100"`` = in sync), or ``None``
-    when the applier or this rule set is not on the host yet.
-    """
-
-    @override
-    def command(self, python: str, script: str, rules: str, checkout: str, user: str) -> str:
-        return _as(user, StringCommand(
-            "if [ -x",
-            QuoteString(python),
-            "] && [ -f",
-            QuoteString(script),
-            "] && [ -f",
-            QuoteString(rules),
-            "] && [ -d",
-            QuoteString(checkout),
-            "]; then echo '##p40fleet file';",
-            QuoteString(python),
-            QuoteString(script),
-            "--rules",
-            QuoteString(rules),
-            "--checkout",
-            QuoteString(checkout),
-            "--check >/dev/null 2>&1; echo $?; fi; true",
-        ))  # fmt: skip

@@ -7,7 +7,7 @@ marks the host failed and runs none of its later operations; the other hosts car
 
 Use at the top of every deploy::
 
-    from operations.preflight import validated_spec
+    from operations.refuse import validated_spec
 
     spec = validated_spec()
     if spec is not None:

@@ -1,0 +1,91 @@
+"""The validated stack spec: what a P40 host gets, pinned and checked before anything runs.
+
+The package, one job per module (imports run one way: fields <- pins <- errors <- load):
+
+- ``pins.py``: the pinned models with their defaults, which are the real pins (start there);
+- ``fields.py``: validators, ``Annotated`` field types and the safe alphabets;
+- ``errors.py``: :class:`SpecError` and pydantic's errors translated into admin words;
+- ``load.py``: :func:`deep_merge`, :func:`load_spec`, :func:`spec_for_host` and its cache.
+
+Every public name is re-exported here: ``from p40fleet.spec import StackSpec, load_spec``.
+"""
+
+from p40fleet.spec.errors import SpecError
+from p40fleet.spec.fields import Problem
+from p40fleet.spec.load import (
+    clear_spec_cache,
+    deep_merge,
+    host_key_problem,
+    load_spec,
+    spec_for_host,
+)
+from p40fleet.spec.pins import (
+    ARTIFACTS,
+    COMPONENTS,
+    GCC_MAX,
+    GIT_PINS,
+    VERL_REQUIREMENTS_CPU,
+    VERL_REQUIREMENTS_CUDA,
+    ApexPin,
+    AptMirror,
+    Artifact,
+    CudaArtifact,
+    CudnnArtifact,
+    DriverArtifact,
+    GitPin,
+    MinicondaArtifact,
+    Mirror,
+    Paths,
+    Policy,
+    PythonEnv,
+    RayCluster,
+    StackSpec,
+    TorchPin,
+    TorchSums,
+    Training,
+    TrainingArchive,
+    TrainingData,
+    TrainingModel,
+    TrainingUser,
+    VerlPin,
+    cuda_release_of,
+)
+
+__all__ = [
+    "ARTIFACTS",
+    "COMPONENTS",
+    "GCC_MAX",
+    "GIT_PINS",
+    "VERL_REQUIREMENTS_CPU",
+    "VERL_REQUIREMENTS_CUDA",
+    "ApexPin",
+    "AptMirror",
+    "Artifact",
+    "CudaArtifact",
+    "CudnnArtifact",
+    "DriverArtifact",
+    "GitPin",
+    "MinicondaArtifact",
+    "Mirror",
+    "Paths",
+    "Policy",
+    "Problem",
+    "PythonEnv",
+    "RayCluster",
+    "SpecError",
+    "StackSpec",
+    "TorchPin",
+    "TorchSums",
+    "Training",
+    "TrainingArchive",
+    "TrainingData",
+    "TrainingModel",
+    "TrainingUser",
+    "VerlPin",
+    "clear_spec_cache",
+    "cuda_release_of",
+    "deep_merge",
+    "host_key_problem",
+    "load_spec",
+    "spec_for_host",
+]

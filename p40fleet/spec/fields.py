@@ -1,0 +1,255 @@
+"""Field types of the stack spec: validators, ``Annotated`` types and safe alphabets.
+
+Each validator raises ``ValueError`` whose text is what an admin should supply (``errors.py``
+turns it into a ``host X: stack.FIELD = VALUE: EXPECTED`` line). Cross-field validators of the
+models raise :class:`_Problems`, which carries each problem with its own field path. Nothing here
+knows a pin: the pinned models and their defaults are in ``pins.py``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from packaging.version import InvalidVersion, Version
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+
+# Directories whose content does not survive a reboot or gets cleaned: no persistent target there.
+_TMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+# Directories the OS owns: a deploy that chowns, installs over or links here breaks the host.
+_SYSTEM_DIRS: frozenset[str] = frozenset(
+    ("/", "/bin", "/boot", "/data", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64",
+     "/libx32", "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/snap", "/srv",
+     "/sys", "/tmp", "/usr", "/usr/bin", "/usr/include", "/usr/lib", "/usr/lib64", "/usr/libexec",
+     "/usr/local", "/usr/local/bin", "/usr/local/include", "/usr/local/lib", "/usr/local/sbin",
+     "/usr/local/share", "/usr/sbin", "/usr/share", "/usr/src", "/var", "/var/cache", "/var/lib",
+     "/var/log", "/var/spool", "/var/tmp")
+)  # fmt: skip
+# Trees no p40fleet directory may live in: kernel/virtual filesystems, the OS's own files, root's.
+_SYSTEM_TREES: tuple[str, ...] = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc", "/root", "/sbin", "/sys",
+    "/usr/bin", "/usr/lib", "/usr/sbin", "/usr/share",
+)  # fmt: skip
+#: Roots a training user's home may sit under (/home/<name>, /srv/<name>, /data/<...>).
+HOME_ROOTS: tuple[str, ...] = ("/home", "/srv", "/data")
+#: Where a CUDA toolkit dir (and its symlink) may live.
+CUDA_ROOTS: tuple[str, ...] = ("/usr/local", "/opt")
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+def _is_under(path: str, directory: str, strict: bool = False) -> bool:
+    directory = directory.rstrip("/") or "/"
+    if path == directory:
+        return not strict
+    return path.startswith(directory if directory == "/" else directory + "/")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem: ``loc`` is relative to the model that found it."""
+
+    loc: tuple[str | int, ...]
+    value: Any
+    expected: str
+
+
+class _Problems(ValueError):
+    """Raised by cross-field validators: carries problems with their own field paths."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("; ".join(f"{'.'.join(map(str, p.loc))}: {p.expected}" for p in problems))
+        self.problems = problems
+
+
+# --------------------------------------------------------------------------------------------
+# Field types: each validator raises ValueError whose text is what an admin should supply.
+# --------------------------------------------------------------------------------------------
+
+
+def _sha256(value: str) -> str:
+    value = value.strip()
+    if len(value) != 64 or not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        what = f"{len(value)} characters" if len(value) != 64 else "non-hex characters"
+        raise ValueError(
+            f"expected 64 hex characters (the sha256sum of the file), got {what}",
+        )
+    return value.lower()
+
+
+# Values that reach a shell (quoted, but a second line of defence): letters, digits, . _ / + -.
+_SAFE_PATH = re.compile(r"[A-Za-z0-9._/+-]+")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9._+-]+")
+# Shell metacharacters no URL of the spec needs (whitespace is refused separately).
+_URL_UNSAFE = re.compile(r"""['"`$\\;<>|]""")
+
+
+def _abs_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("expected an absolute path (starting with '/')")
+    if not _SAFE_PATH.fullmatch(value):
+        raise ValueError(
+            "expected a path of letters, digits and . _ / + - only (no spaces, quotes, $, ;, "
+            "backticks or other shell characters)"
+        )
+    parts = value.split("/")
+    if ".." in parts:
+        raise ValueError("expected a path without '..' components (write the real path)")
+    normalised = posixpath.normpath(value)
+    if normalised.startswith("//"):  # posix keeps a leading '//' as is
+        normalised = "/" + normalised.lstrip("/")
+    return normalised
+
+
+def _http_url(value: str) -> str:
+    value = value.strip()
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or re.search(r"\s", value):
+        raise ValueError("expected an http:// or https:// URL")
+    if _URL_UNSAFE.search(value) or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(
+            "expected a URL without quotes, $, \\, backticks, ;, <, >, | or control characters "
+            "(percent-encode them)"
+        )
+    return value
+
+
+def _base_url(value: str) -> str:
+    return _http_url(value).rstrip("/")
+
+
+def _url_or_abs_path(value: str) -> str:
+    if value.startswith("/"):
+        return _abs_path(value)
+    try:
+        return _base_url(value)
+    except ValueError:
+        raise ValueError("expected an http(s) URL or an absolute directory path") from None
+
+
+def _filename(value: str) -> str:
+    if not value or "/" in value or value in (".", "..") or "\x00" in value:
+        raise ValueError("expected a plain file name (no '/'), e.g. the last part of the URL")
+    if not _SAFE_NAME.fullmatch(value):
+        raise ValueError(
+            "expected a file name of letters, digits and . _ + - only (no spaces, quotes, $, ;, "
+            "backticks or other shell characters)"
+        )
+    return value
+
+
+def _pattern(regex: str, expected: str):
+    compiled = re.compile(regex)
+
+    def check(value: str) -> str:
+        if not compiled.fullmatch(value):
+            raise ValueError(expected)
+        return value
+
+    return check
+
+
+def _pep440(value: str) -> str:
+    try:
+        parsed = Version(value)
+    except InvalidVersion:
+        raise ValueError("expected a PEP 440 version such as 2.6.0+cu118") from None
+    if str(parsed) != value:
+        raise ValueError(f"expected a PEP 440 version in normal form, i.e. {str(parsed)!r}")
+    return value
+
+
+def _python_version(value: str) -> str:
+    if not re.fullmatch(r"3\.\d{1,2}\.\d{1,2}", value):
+        raise ValueError("expected a Python version X.Y.Z such as 3.10.12")
+    minor = int(value.split(".")[1])
+    if minor < 10:
+        raise ValueError("expected Python 3.10 or newer (verl needs Python >= 3.10)")
+    return value
+
+
+Sha256 = Annotated[str, AfterValidator(_sha256)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+BaseUrl = Annotated[str, AfterValidator(_base_url)]
+FileName = Annotated[str, AfterValidator(_filename)]
+GitCommit = Annotated[
+    str,
+    BeforeValidator(lambda v: v.strip().lower() if isinstance(v, str) else v),
+    AfterValidator(
+        _pattern(r"[0-9a-f]{40}", "expected a full 40-hex-character git commit id (git rev-parse)")
+    ),
+]
+GitRef = Annotated[
+    str,
+    AfterValidator(
+        _pattern(
+            r"(?![-/])(?!.*\.\.)(?!.*//)[A-Za-z0-9._/-]+(?<![/.])",
+            "expected a git tag or branch name such as v0.5.0 (not starting with '-' or '/')",
+        )
+    ),
+]
+Pep440 = Annotated[str, AfterValidator(_pep440)]
+
+
+def _cuda_dir_problem(path: str, what: str, example: str) -> str | None:
+    """Why ``path`` cannot be a CUDA dir or its link (None: it can): under /usr/local or /opt,
+    named ``*cuda*``, never a system directory (the runfile installs over it, cuDNN's stale
+    files are removed from it, the link step replaces what is there)."""
+    if path in _SYSTEM_DIRS or not any(_is_under(path, root, strict=True) for root in CUDA_ROOTS):
+        return (
+            f"expected {what} under {' or '.join(CUDA_ROOTS)} with 'cuda' in its name, such as "
+            f"{example} (not a system directory)"
+        )
+    if "cuda" not in posixpath.basename(path).lower():
+        return f"expected {what} with 'cuda' in its name, such as {example}"
+    return None
+
+
+def _root_dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot hold root's downloads or cuDNN tree (None: it can): not a system
+    directory itself, not inside the OS's trees, not a tmp dir anyone may write to, not a home."""
+    if path in _SYSTEM_DIRS and not any(_is_under(path, tmp) for tmp in _TMP_DIRS):
+        return (
+            "expected a dedicated directory such as /var/cache/p40fleet, not a system directory "
+            "(p40fleet creates, chowns and deletes files in it as root)"
+        )
+    for tree in (*_TMP_DIRS, *_SYSTEM_TREES, "/home"):
+        if _is_under(path, tree):
+            why = "a tmp dir any local user can write to" if tree in _TMP_DIRS else "a system tree"
+            if tree == "/home":
+                why = "users' homes (a user could swap what root runs)"
+            return (
+                f"expected a root-only directory such as /var/cache/p40fleet, not under {tree} "
+                f"({why})"
+            )
+    return None
+
+
+_APT_WORD = r"[A-Za-z0-9][A-Za-z0-9._+~-]*"
+
+
+def _host_address(value: str) -> str:
+    value = value.strip()
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if not re.fullmatch(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?"
+                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*", value):  # fmt: skip
+        raise ValueError("expected an IP address or a DNS host name such as node1.lab")
+    return value
+
+
+def _ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        raise ValueError("expected an IP address of this host, such as 10.0.0.11") from None
+
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
