@@ -162,11 +162,11 @@ def defer_release() -> None:
 def release_for(target) -> str | None:
     """The release command for ``target`` when this run still holds its lock (it is then
     counted as released: run it), else None."""
-    locked = getattr(state, _LOCKED_ATTR, set())
+    locked = getattr(target.state, _LOCKED_ATTR, set())
     if target.name not in locked:
         return None
     locked.discard(target.name)
-    run = getattr(state, _RUN_ATTR)
+    run = getattr(target.state, _RUN_ATTR)
     me = Holder(socket.gethostname(), os.getpid(), run[0], target.name, run[1])
     return run_lock.release_command(str(target.data.get(PATH_KEY) or DEFAULT_PATH), me)
 
