@@ -1,11 +1,11 @@
 """No-op provisioning on the simulated lab: wall time at 1, 4 and 8 hosts, remote commands per
 host, bytes downloaded and bytes hashed on a re-run. Prints numbers; asserts nothing.
 
-    python benchmarks/bench_fleet.py [--sizes 1,4,8] [--repeat 3] [--unbatched]
+    python benchmarks/bench_fleet.py [--sizes 1,4,8] [--repeat 3]
 
-``--unbatched`` also times the no-op runs with ``P40FLEET_FACT_BATCH=0`` (every fact asked with
-its own command, as pyinfra does), for comparison. CPU seconds are the whole machine's (the lab's
-hosts and the controller share its cores) and the controller's (the pyinfra process) alone.
+CPU seconds are the whole machine's (the lab's hosts and the controller share its cores) and
+the controller's (the pyinfra process) alone. Remote commands per host are counted for
+deploy/full.py and for the four deploys named in one call.
 
 For each size: a fresh lab of N x (4xP40) hosts, one converging run of deploy/full.py (the
 controller's Apex wheel cache is kept between sizes, as in a real fleet), then ``--repeat``
@@ -32,6 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from p40lab import runs  # noqa: E402
 
+NAMED_ONE_BY_ONE = ("deploy/preflight.py", "deploy/system.py", "deploy/python.py",
+                    "deploy/training.py")  # fmt: skip
 _COMMAND = re.compile(r"Running command on (?P<host>\S+): \(pty=\w+\) (?P<cmd>.*)")
 
 
@@ -78,18 +80,18 @@ def noop_runs(size: int, repeat: int, env: dict | None = None) -> tuple[list, li
     return times, machine, controller, served
 
 
-def measure(size: int, repeat: int, unbatched: bool = False) -> dict:
+def measure(size: int, repeat: int) -> dict:
     lab("down")
     lab("up", "--gpus", ",".join(["4xP40"] * size))
     first = runs.run("deploy/full.py")
     failed = [h for h in first.connected if first.errors[h]]
     if failed:
         raise SystemExit(f"{size} hosts: the converging run failed on {failed}")
-    runs.run("deploy/full.py")  # the first no-op run records each host's fact plan
     times, machine, controller, served = noop_runs(size, repeat)
-    unbatched_times = noop_runs(size, repeat, {"P40FLEET_FACT_BATCH": "0"})[0] if unbatched else []
     debug = runs.run("deploy/full.py", "--debug")
     counts, hashing = commands_per_host(debug.output)
+    named = runs.run(*NAMED_ONE_BY_ONE, "--debug")
+    named_counts, _ = commands_per_host(named.output)
     return {
         "hosts": size,
         "first": first.seconds,
@@ -97,7 +99,7 @@ def measure(size: int, repeat: int, unbatched: bool = False) -> dict:
         "noop_all": times,
         "machine_cpu": statistics.median(machine),
         "controller_cpu": statistics.median(controller),
-        "unbatched": unbatched_times,
+        "named_commands_per_host": max(named_counts.values()) if named_counts else 0,
         "commands_per_host": max(counts.values()) if counts else 0,
         "bytes": served + (debug.bytes_served or 0),
         "hash_commands": hashing,
@@ -108,23 +110,18 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,4,8")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--unbatched", action="store_true")
     args = ap.parse_args()
     results = []
     try:
         for size in (int(s) for s in args.sizes.split(",")):
-            r = measure(size, args.repeat, args.unbatched)
+            r = measure(size, args.repeat)
             results.append(r)
-            unbatched = (
-                f"unbatched median {statistics.median(r['unbatched']):.1f} s; "
-                if r["unbatched"]
-                else ""
-            )
             print(
                 f"{r['hosts']} host(s): converge {r['first']:.1f} s; no-op median "
                 f"{r['noop_median']:.1f} s ({', '.join(f'{t:.1f}' for t in r['noop_all'])}); "
                 f"CPU s machine {r['machine_cpu']:.1f}, controller {r['controller_cpu']:.1f}; "
-                f"{unbatched}remote commands per host {r['commands_per_host']}; re-run bytes "
+                f"remote commands per host {r['commands_per_host']} (the four deploys named: "
+                f"{r['named_commands_per_host']}); re-run bytes "
                 f"downloaded {r['bytes']}; hashing commands on re-run {r['hash_commands']}",
                 flush=True,
             )

@@ -5,50 +5,63 @@
 Spec errors, unsupported GPUs or OS, a verl ref that cannot serve the host's GPUs, too
 little space, artifacts missing from the mirror:
 a refused host fails here with the step, the cause and the fix; the others go on.
+
+First, for the whole run (idempotent, so every deploy can include this file): the guard for
+lost connections (``p40fleet.sshguard``), the fact memo (``facts.survey``) and one survey
+per host answering the facts of every layer (``operations.survey``).
 """
 
 from __future__ import annotations
 
-from pyinfra import host
+from pyinfra import host, state
 
 from facts.artifacts import ArtifactState
 from facts.cuda import CudaToolkit
 from facts.gpu import PciGpus
 from facts.host import FreeSpace, LinuxDistribution, os_label
 from facts.mirror import UrlHead
+from facts.survey import ask
+from facts.survey import install as keep_facts
 from operations.artifacts import artifact_path
 from operations.refuse import refuse_host, validated_spec
-from p40fleet import preflight
-from p40fleet.spec import ARTIFACTS, cuda_release_of
+from operations.survey import survey_host
+from p40fleet import preflight, sshguard
+from p40fleet.spec import ARTIFACTS, SpecError, cuda_release_of, spec_for_host
 
+sshguard.install()
+keep_facts(state)
+try:
+    survey_host(host, spec_for_host(host))  # before the run lock's fact: in the same command
+except SpecError:
+    pass  # refused just below, nothing to survey
 spec = validated_spec()
 
 if spec is not None:
-    summary = spec.gpu_summary(host.get_fact(PciGpus))
+    summary = spec.gpu_summary(ask(host, PciGpus))
     verified = {
-        item: host.get_fact(ArtifactState, path=artifact_path(spec, item)).verified(
+        item: ask(host, ArtifactState, path=artifact_path(spec, item)).verified(
             spec.artifact(item).sha256
         )
         for item in ARTIFACTS
     }
-    cuda = host.get_fact(CudaToolkit, cuda_dir=spec.paths.cuda_dir)
+    cuda = ask(host, CudaToolkit, cuda_dir=spec.paths.cuda_dir)
     cuda_installed = bool(
         cuda.nvcc and cuda.version and cuda_release_of(cuda.version) == spec.cuda_release
     )
     cache = spec.paths.artifact_cache
-    space = host.get_fact(FreeSpace, path=cache)
+    space = ask(host, FreeSpace, path=cache)
     answers = [
         (item, url, answer.status if answer else 0, answer.error if answer else "no answer")
         for item in ARTIFACTS
         if not verified[item]
         for url in [spec.artifact_url(item)]
-        for answer in [host.get_fact(UrlHead, url=url)]
+        for answer in [ask(host, UrlHead, url=url)]
     ]
 
     refusals = [
         preflight.gpu_refusal(summary),
         preflight.verl_refusal(spec.verl.ref, summary),
-        preflight.os_refusal(os_label(host.get_fact(LinuxDistribution))),
+        preflight.os_refusal(os_label(ask(host, LinuxDistribution))),
         preflight.space_refusal(
             cache,
             space.available_bytes if space else None,

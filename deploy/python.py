@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 
 from pyinfra import host, local, state
-from pyinfra.operations import files
 
 from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
+from facts.survey import ask
 from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
 from operations.refuse import refuse, validated_spec
 from p40fleet import apex_build, verl_patches
@@ -32,7 +32,7 @@ FILES = os.path.join(REPO, "files")
 def deploy(spec: StackSpec) -> None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
-    gpus = host.get_fact(PciGpus)
+    gpus = ask(host, PciGpus)
     summary = spec.gpu_summary(gpus)
     # 0. Refuse what cannot work: GPUs outside the stack; a ref without rules for this profile
     # (62549582 on Pascal) is this host's refusal, not a VerlPatchError for the whole run.
@@ -77,7 +77,7 @@ def deploy(spec: StackSpec) -> None:
     needed = apex.needed(python, the_env, key, user.name, fresh_env=fresh, force="apex" in force)
     builder = apex_fleet.builder(state, key) if needed else None
     builds_here = builder == host.name
-    jobs = apex_build.max_jobs(host.get_fact(Cpus), host.get_fact(MemTotal))
+    jobs = apex_build.max_jobs(ask(host, Cpus), ask(host, MemTotal))
     moving = verl.checkout_moves(env.verl_checkout, spec.verl.commit, user.name)
 
     # 1. Training user: fixed uid, so a reinstalled OS gets the same owner for the kept /home.
@@ -89,11 +89,11 @@ def deploy(spec: StackSpec) -> None:
         home=user.home,
     )
 
-    files.directory(
+    training_user.directory(
         name=f"Training data dir {env.data_dir}", path=env.data_dir, user=user.name,
         group=user.name, mode="750",
     )  # fmt: skip
-    files.directory(
+    training_user.directory(
         name=f"Model dir {env.model_dir}", path=env.model_dir, user=user.name,
         group=user.name, mode="750",
     )  # fmt: skip

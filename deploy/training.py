@@ -20,10 +20,12 @@ from pyinfra import host, inventory, local, state
 from pyinfra.api import Host
 
 from facts.gpu import PciGpus
+from facts.survey import ask
 from operations import launch, ray_cluster, training, training_user
 from operations.refuse import refused_hosts, validated_spec
+from operations.survey import survey_host
 from p40fleet.launch import ClusterShape, LaunchPlan, cluster_shape
-from p40fleet.spec import StackSpec
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import staged_dir
 
 
@@ -36,8 +38,13 @@ def cluster() -> ClusterShape:
 
 
 def _gpus_of(member: Host) -> list:
-    """Another member's PCI GPUs, from its own facts (facts do not use the host in context)."""
-    return list(member.get_fact(PciGpus))
+    """Another member's PCI GPUs, from its own survey (asked once per run; facts do not use the
+    host in context)."""
+    try:
+        survey_host(member, spec_for_host(member))
+    except SpecError:
+        pass  # refused: its PCI fact is asked on its own
+    return list(ask(member, PciGpus))
 
 
 def deploy(spec: StackSpec) -> None:

@@ -23,6 +23,7 @@ from pyinfra import host, state
 
 from facts.gpu import PciGpus
 from facts.host import LinuxDistribution, os_label
+from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import ray_cluster, training, verification
 from operations.refuse import refuse
@@ -36,11 +37,11 @@ _PRINTED_ATTR = "p40fleet_verify_printed"
 
 def verify_host(spec: StackSpec) -> list[Check]:
     """Probe this host once (a fact: read-only) and run every check."""
-    gpus = list(host.get_fact(PciGpus))
+    gpus = list(ask(host, PciGpus))
     target = None
     try:
         target = training.training_target(spec)  # the launch plan the script has
-        answers = host.get_fact(VerifyProbe, targets=verification.probe_targets(spec, target))
+        answers = ask(host, VerifyProbe, targets=verification.probe_targets(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
         return verification.checks_for(spec, gpus, None, problem, target)
@@ -49,8 +50,8 @@ def verify_host(spec: StackSpec) -> list[Check]:
 
 def _refused(spec: StackSpec) -> list[preflight.Refusal]:
     """The preflight's refusals that put this host outside the stack (GPU, verl ref, OS)."""
-    summary = spec.gpu_summary(host.get_fact(PciGpus))
-    distribution = os_label(host.get_fact(LinuxDistribution))
+    summary = spec.gpu_summary(ask(host, PciGpus))
+    distribution = os_label(ask(host, LinuxDistribution))
     return preflight.outside_the_stack(summary, spec.verl.ref, distribution)
 
 

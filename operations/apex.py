@@ -37,6 +37,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.conda import EnvDistributions, MarkerText
+from facts.survey import ask
 from operations.progress import Stopwatch
 from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
@@ -77,9 +78,9 @@ def needed(
     if fresh_env or force:
         return True
     on = host if target is None else target
-    if on.get_fact(MarkerText, path=f"{env_dir.rstrip('/')}/{KEY_FILE}", user=user) != key:
+    if ask(on, MarkerText, path=f"{env_dir.rstrip('/')}/{KEY_FILE}", user=user) != key:
         return True
-    return "apex" not in on.get_fact(EnvDistributions, python=python, user=user)
+    return "apex" not in ask(on, EnvDistributions, python=python, user=user)
 
 
 @operation()
@@ -120,7 +121,7 @@ def build_wheel(
     tar = f"{work_dir}/{WHEEL_TAR}"
     src, wheels, log = f"{work_dir}/src", f"{work_dir}/wheels", f"{work_dir}/build.log"
     # A tar already here has no sum from this run (its dir is the training user's): rebuilt.
-    if host.get_fact(File, path=tar):
+    if ask(host, File, path=tar):
         host.log(f"apex wheel {tar} from an earlier build is not trusted: building afresh")
     host.log(f"apex build (minutes; compiles C++/CUDA): log on this host at {log}")
     q_src = QuoteString(src)
@@ -354,8 +355,8 @@ def install(
     """
     key_file = f"{env_dir.rstrip('/')}/{KEY_FILE}"
     if not fresh_env and not force:
-        recorded = host.get_fact(MarkerText, path=key_file, user=user)
-        installed = "apex" in host.get_fact(EnvDistributions, python=python, user=user)
+        recorded = ask(host, MarkerText, path=key_file, user=user)
+        installed = "apex" in ask(host, EnvDistributions, python=python, user=user)
         if recorded == key and installed:
             host.noop(f"apex already installed at build key {key}")
             return

@@ -3,8 +3,8 @@
 The rule is ``p40fleet.apex_build.first_builder``: nobody when the controller's cache holds the
 wheel (checked against its recorded sum), else the first active host in inventory order with
 that key that must install apex. This module only feeds it: the other hosts' keys and needs,
-each asked of that host's own facts (``target.get_fact``, pyinfra's public API; facts do not
-use the host in context). Hosts are asked in order and only until the builder is found, and
+each read from that host's own survey (``facts.survey.ask``; pyinfra's public API: facts do
+not use the host in context). Hosts are asked in order and only until the builder is found, and
 not at all on a cache hit (the usual re-run), so most runs read no other host's facts.
 
 Decided once per run and key (pyinfra loads a deploy file for all hosts in parallel, so every
@@ -19,7 +19,9 @@ from pyinfra.api import Host, State
 
 from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
+from facts.survey import ask
 from operations import apex, conda
+from operations.survey import survey_host
 from p40fleet import apex_build
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
@@ -63,7 +65,8 @@ def _python_hosts(state: State, specs: dict[str, tuple[Host, StackSpec]]) -> Ite
 
 def _key_of(target: Host, spec: StackSpec) -> str | None:
     """``target``'s build key; None when its GPUs are refused (it runs no Python layer)."""
-    gpus = target.get_fact(PciGpus)
+    survey_host(target, spec)  # its facts from its own survey, once per run
+    gpus = ask(target, PciGpus)
     if not spec.gpu_summary(gpus).ok:
         return None
     return spec.apex_build(gpus).key

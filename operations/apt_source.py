@@ -17,6 +17,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.apt_source import APT_DIR, MIRROR_KEY_DIR, MIRROR_LIST, AptSources
+from facts.survey import ask
 from p40fleet import controller
 
 __all__ = ["ASIDE_DIR", "key_dest", "mirror", "source_line"]
@@ -66,7 +67,7 @@ def mirror(
     + extra_suites: more suites of the same repository (one line each), e.g. ``focal-updates``
     """
     dest = key_dest(key_file) if key_file else None
-    state = host.get_fact(AptSources, key_path=dest)
+    state = ask(host, AptSources, key_path=dest)
     changed = []
     if key_file and dest:
         if not os.path.isfile(key_file):

@@ -27,6 +27,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.artifacts import ArtifactState, marker_path
 from facts.host import FreeSpace
+from facts.survey import ask
 from operations.progress import streamed
 from operations.refuse import refuse
 from p40fleet.spec import StackSpec
@@ -166,7 +167,7 @@ def fetch(
     sha256 = sha256.lower()
     filename = filename or posixpath.basename(url.split("?", 1)[0])
     path = posixpath.join(dest_dir, filename)
-    state = host.get_fact(ArtifactState, path=path)
+    state = ask(host, ArtifactState, path=path)
 
     if state.dir_problem:
         yield from refuse._inner(
@@ -183,7 +184,7 @@ def fetch(
         return
 
     if size is not None and not state.present:
-        space = host.get_fact(FreeSpace, path=dest_dir)
+        space = ask(host, FreeSpace, path=dest_dir)
         free = space.available_bytes if space else None
         if free is not None and free < size:
             yield from refuse._inner(

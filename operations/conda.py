@@ -31,6 +31,7 @@ from facts.conda import (
     MarkerText,
     env_dir,
 )
+from facts.survey import ask
 from operations.training_user import as_user
 
 __all__ = [
@@ -86,7 +87,7 @@ def condarc(prefix: str, channel: str, user: str | None = None):
     """
     path = f"{prefix.rstrip('/')}/.condarc"
     text = condarc_text(channel)
-    if (host.get_fact(MarkerText, path=path, user=user) or "") == text.strip():
+    if (ask(host, MarkerText, path=path, user=user) or "") == text.strip():
         host.noop(f"{path} names only {channel}")
         return
     yield as_user(user, StringCommand("printf '%s'", QuoteString(text), ">", QuoteString(path)))
@@ -102,7 +103,7 @@ def miniconda(installer: str, prefix: str, force: bool = False, user: str | None
     + force: reinstall in place (``-u``) even when conda runs
     + user: run the commands as this user (``su``); None = as connected
     """
-    state = host.get_fact(CondaInstall, prefix=prefix, user=user)
+    state = ask(host, CondaInstall, prefix=prefix, user=user)
     if state.healthy and not force:
         host.noop(f"conda {state.version or ''} at {prefix} runs".replace("  ", " "))
         return
@@ -143,8 +144,8 @@ def conda_tos(
         host.noop(f"conda ToS policy {policy}: env is created from conda-forge")
         return
     conda = _conda(prefix)
-    installed = host.get_fact(CondaInstall, prefix=prefix, user=user)
-    tos = host.get_fact(CondaTos, prefix=prefix, user=user)
+    installed = ask(host, CondaInstall, prefix=prefix, user=user)
+    tos = ask(host, CondaTos, prefix=prefix, user=user)
     marker = f"{prefix.rstrip('/')}/{TOS_MARKER}"
     accept = [
         StringCommand(
@@ -179,7 +180,7 @@ def conda_tos(
         # conda runs but `conda tos --help` failed oddly: accepting shows conda's own error
         host.log(f"conda at {prefix}: {tos.detail}")
     else:
-        recorded = set((host.get_fact(MarkerText, path=marker, user=user) or "").split())
+        recorded = set((ask(host, MarkerText, path=marker, user=user) or "").split())
         if all(c in recorded for c in TOS_CHANNELS):
             host.noop("Anaconda ToS already accepted for pkgs/main and pkgs/r")
             return
@@ -196,8 +197,8 @@ def env_rebuild_reason(
     run is empty, so their "already installed" facts gathered before it no longer hold.
     ``target``: another inventory host (the Apex builder election); default this host.
     """
-    state = (host if target is None else target).get_fact(
-        EnvPython, prefix=prefix, env_name=name, user=user
+    state = ask(
+        host if target is None else target, EnvPython, prefix=prefix, env_name=name, user=user
     )
     if state.state == "missing":
         return f"env {name} does not exist"
@@ -249,7 +250,7 @@ def env(
     if reason is None and not force:
         host.noop(f"env {name} is healthy (python {python_version})")
         return
-    state = host.get_fact(EnvPython, prefix=prefix, env_name=name, user=user)
+    state = ask(host, EnvPython, prefix=prefix, env_name=name, user=user)
     conda = QuoteString(_conda(prefix))
     if state.state != "missing":
         host.log(f"recreating env {name}: {reason or 'forced by policy.force_reinstall'}")

@@ -18,9 +18,11 @@ from pyinfra.operations import files
 
 from facts.cuda import CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace
+from facts.survey import ask
 from operations.artifacts import format_bytes
 from operations.progress import Stopwatch
 from operations.refuse import refuse
+from operations.survey import rendered, same_file
 from p40fleet.spec import cuda_release_of
 
 __all__ = [
@@ -61,7 +63,7 @@ def toolkit(
     + force: reinstall even when installed (policy.force_reinstall)
     """
     want = cuda_release_of(version)
-    current = host.get_fact(CudaToolkit, cuda_dir=cuda_dir)
+    current = ask(host, CudaToolkit, cuda_dir=cuda_dir)
     if current.version and cuda_release_of(current.version) == want and current.nvcc and not force:
         host.noop(f"CUDA {current.version} is installed in {cuda_dir}")
         return
@@ -76,7 +78,7 @@ def toolkit(
         StringCommand("--tmpdir=", QuoteString(tmpdir), _separator=""),
     ]
     flags.append("--no-man-page")
-    gcc = host.get_fact(GccMajor)
+    gcc = ask(host, GccMajor)
     if gcc is not None and gcc > max_gcc:
         if not allow_gcc_override:
             yield from refuse._inner(
@@ -90,7 +92,7 @@ def toolkit(
             return
         flags.append("--override")
 
-    space = host.get_fact(FreeSpace, path=tmpdir)
+    space = ask(host, FreeSpace, path=tmpdir)
     free = space.available_bytes if space else None
     if free is not None and free < tmp_bytes:
         yield from refuse._inner(
@@ -121,7 +123,7 @@ def symlink(cuda_dir: str, cuda_link: str = "/usr/local/cuda"):
     Refuses, changing nothing, when ``cuda_link`` exists and is not a symlink into a CUDA dir
     (``files.link`` would delete whatever is there: a system file, another tool's link).
     """
-    current = host.get_fact(Link, path=cuda_link)
+    current = ask(host, Link, path=cuda_link)
     if current is not None and not is_cuda_link(cuda_link, current):
         target = current.get("link_target") if current else None
         what = f"a symlink to {target}" if target else "not a symlink (a file or a directory)"
@@ -165,13 +167,12 @@ def profile(cuda_home: str, version: str, path: str = PROFILE_FILE):
     + version: the CUDA version, for the file's comment
     + path: the profile file
     """
+    values = {"cuda_home": cuda_home.rstrip("/"), "cuda_version": version}
+    jinja = {"extensions": [ShellQuote]}
+    if same_file(path, rendered(TEMPLATE, jinja, **values), mode="644"):
+        return
     yield from files.template._inner(
-        src=TEMPLATE,
-        dest=path,
-        mode="644",
-        jinja_env_kwargs={"extensions": [ShellQuote]},
-        cuda_home=cuda_home.rstrip("/"),
-        cuda_version=version,
+        src=TEMPLATE, dest=path, mode="644", jinja_env_kwargs=jinja, **values
     )
 
 
@@ -183,7 +184,7 @@ def verify(cuda_dir: str, version: str):
     + cuda_dir: the toolkit dir
     + version: the pinned version, e.g. ``11.8.0``
     """
-    nvcc = host.get_fact(NvccRelease, cuda_dir=cuda_dir)
+    nvcc = ask(host, NvccRelease, cuda_dir=cuda_dir)
     if nvcc and cuda_release_of(nvcc) == cuda_release_of(version):
         host.noop(f"nvcc {nvcc} in {cuda_dir}")
         return

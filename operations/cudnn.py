@@ -19,6 +19,7 @@ from facts.cudnn import (
     PathDevice,
     cudnn_marker_path,
 )
+from facts.survey import ask
 from operations.refuse import refuse
 
 __all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify"]
@@ -51,8 +52,8 @@ def same_filesystem(extract_dir: str, cuda_dir: str):
     + extract_dir: where the tarball is unpacked (spec.paths.cudnn_extract_dir)
     + cuda_dir: the CUDA toolkit dir (a path not created yet counts as its parent's)
     """
-    src = host.get_fact(PathDevice, path=extract_dir)
-    dst = host.get_fact(PathDevice, path=cuda_dir)
+    src = ask(host, PathDevice, path=extract_dir)
+    dst = ask(host, PathDevice, path=cuda_dir)
     if src is not None and dst is not None and src != dst:
         yield from refuse._inner(
             step="cuDNN hard links",
@@ -83,8 +84,8 @@ def extract(
     + sha256: the archive's pinned sum; a marker naming another archive means unpack again
     """
     tree = extracted_dir(extract_dir, archive)
-    found = host.get_fact(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h")
-    marker = host.get_fact(CudnnExtracted, tree=tree)
+    found = ask(host, CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h")
+    marker = ask(host, CudnnExtracted, tree=tree)
     complete = marker is not None and (sha256 is None or marker == sha256.lower())
     if found == _short(version) and complete and not force:
         host.noop(f"cuDNN {found} is unpacked in {tree}")
@@ -116,7 +117,7 @@ def link(src_dir: str, cuda_dir: str):
     + src_dir: the unpacked tree (``extracted_dir(...)``)
     + cuda_dir: the CUDA toolkit dir
     """
-    state = host.get_fact(CudnnFiles, src_dir=src_dir, cuda_dir=cuda_dir)
+    state = ask(host, CudnnFiles, src_dir=src_dir, cuda_dir=cuda_dir)
     src, dst = state["src"], state["dst"]
     if not src:
         yield from refuse._inner(
@@ -173,7 +174,7 @@ def verify(cuda_dir: str, version: str):
     + version: the pinned version, e.g. ``8.9.7.29`` (checked as 8.9.7)
     """
     header = f"{cuda_dir.rstrip('/')}/include/cudnn_version.h"
-    found = host.get_fact(CudnnHeaderVersion, path=header)
+    found = ask(host, CudnnHeaderVersion, path=header)
     if found == _short(version):
         host.noop(f"cuDNN {found} in {cuda_dir}")
         return

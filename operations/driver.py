@@ -14,6 +14,7 @@ from pyinfra.operations import apt, server
 from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import KernelHeaders
+from facts.survey import ask
 from operations import run_lock
 from operations.refuse import refuse
 from p40fleet.profile import driver_branch, driver_supports
@@ -36,7 +37,7 @@ def supported_gpus(version: str, require_gpu: bool = True):
     + require_gpu: also refuse a host without any NVIDIA GPU
     """
     branch = driver_branch(version) or version
-    gpus = host.get_fact(PciGpus)
+    gpus = ask(host, PciGpus)
     if not gpus:
         if require_gpu:
             yield from refuse._inner(
@@ -71,11 +72,11 @@ def build_prereqs():
 
     apt runs (with ``update``) only when something is missing.
     """
-    kernel = host.get_fact(KernelHeaders)
+    kernel = ask(host, KernelHeaders)
     missing = []
     if not kernel.headers_installed:
         missing.append(f"linux-headers-{kernel.release}")
-    if not all(host.get_fact(Which, command=tool) for tool in BUILD_TOOLS):
+    if not all(ask(host, Which, command=tool) for tool in BUILD_TOOLS):
         missing.append(BUILD_TOOLS_PACKAGE)
     if not missing:
         host.noop(f"headers for {kernel.release} and {', '.join(BUILD_TOOLS)} are installed")
@@ -92,13 +93,13 @@ def install(runfile: str, version: str, force: bool = False):
     + version: the pinned version, e.g. ``525.147.05``
     + force: reinstall even when that version is installed (policy.force_reinstall)
     """
-    installed = host.get_fact(InstalledDriverVersion)
+    installed = ask(host, InstalledDriverVersion)
     if installed == version and not force:
         host.noop(f"NVIDIA driver {version} is installed")
         return
     if installed and installed != version:
         host.log(f"replacing NVIDIA driver {installed} with {version}")
-        if host.get_fact(Which, command="nvidia-uninstall"):
+        if ask(host, Which, command="nvidia-uninstall"):
             yield "nvidia-uninstall --silent"
         # Otherwise the new runfile finds the old runfile install and removes it itself.
     yield StringCommand(
@@ -121,11 +122,11 @@ def loaded(
     + version: the pinned version
     + allow_reboot: ``spec.policy.allow_reboot``; without it the host fails with a remedy
     """
-    smi = host.get_fact(NvidiaSmi)
+    smi = ask(host, NvidiaSmi)
     if smi.state == SMI_OK and smi.driver_version == version:
         host.noop(f"nvidia-smi answers with driver {version}")
         return
-    if host.get_fact(InstalledDriverVersion) != version:
+    if ask(host, InstalledDriverVersion) != version:
         host.noop(f"driver {version} is not installed (yet): nothing to load")
         return
     if not allow_reboot:
@@ -147,7 +148,7 @@ def verify(version: str):
 
     + version: the pinned version
     """
-    smi = host.get_fact(NvidiaSmi)
+    smi = ask(host, NvidiaSmi)
     if smi.state == SMI_OK and smi.driver_version == version:
         host.noop(f"nvidia-smi: driver {version}, {len(smi.gpus)} GPU(s)")
         return

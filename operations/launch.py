@@ -15,7 +15,9 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 from pyinfra.operations import files
 
+from facts.survey import ask
 from operations.refuse import refuse
+from operations.survey import rendered, same_file
 from p40fleet.launch import LaunchPlan
 
 __all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path"]
@@ -45,19 +47,22 @@ def launch_script(
     Refuses the host (changes nothing) when the user or its home does not exist yet: the
     Python layer (deploy/python.py) creates both.
     """
-    if not user_queued and user not in host.get_fact(Users):
+    if not user_queued and user not in ask(host, Users):
         yield from refuse._inner(
             step="launch script",
             reason=f"training user {user} does not exist",
             remedy="run deploy/python.py first (it creates the training user)",
         )
         return
-    if not user_queued and not host.get_fact(Directory, path=home):
+    if not user_queued and not ask(host, Directory, path=home):
         yield from refuse._inner(
             step="launch script",
             reason=f"home directory {home} of training user {user} does not exist",
             remedy="run deploy/python.py first (it creates the training user and its home)",
         )
+        return
+    values = plan.template_vars()
+    if same_file(script_path(home, name), rendered(TEMPLATE, **values), user, user, "755"):
         return
     yield from files.template._inner(
         src=TEMPLATE,
@@ -66,5 +71,5 @@ def launch_script(
         group=user,
         mode="755",
         create_remote_dir=False,
-        **plan.template_vars(),
+        **values,
     )

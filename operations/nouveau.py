@@ -12,6 +12,7 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
 from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
+from facts.survey import ask
 from operations import run_lock
 from operations.refuse import refuse
 
@@ -31,7 +32,7 @@ def blacklist(path: str = BLACKLIST_FILE):
 
     + path: the modprobe.d file; rewritten only when its content differs
     """
-    current = host.get_fact(FileStampFact, path=path)
+    current = ask(host, FileStampFact, path=path)
     if current is not None and current.text == BLACKLIST_TEXT:
         host.noop(f"{path} already blacklists nouveau")
         return
@@ -50,15 +51,15 @@ def initramfs(path: str = BLACKLIST_FILE):
 
     + path: the blacklist file whose mtime is compared with the initramfs'
     """
-    stamp = host.get_fact(FileStampFact, path=path)
+    stamp = ask(host, FileStampFact, path=path)
     if stamp is None:
         host.noop(f"no {path}: nothing to put into the initramfs")
         return
-    built = host.get_fact(InitramfsMtime)
+    built = ask(host, InitramfsMtime)
     if built is not None and built >= stamp.mtime:
         host.noop("the initramfs is newer than the nouveau blacklist")
         return
-    if not host.get_fact(Which, command="update-initramfs"):
+    if not ask(host, Which, command="update-initramfs"):
         yield from refuse._inner(
             step="nouveau blacklist",
             reason="update-initramfs is not installed: the blacklist cannot reach the initramfs",
@@ -81,7 +82,7 @@ def unloaded(
     + delay: seconds before the first reconnect attempt
     + reboot_timeout: give up reconnecting after this many seconds
     """
-    if not host.get_fact(NouveauLoaded):
+    if not ask(host, NouveauLoaded):
         host.noop("nouveau is not loaded")
         return
     if not allow_reboot:
@@ -98,7 +99,7 @@ def unloaded(
     yield from run_lock.refreshed()  # this run's lock now names the new boot
 
     def _confirm_nouveau_gone(state, host) -> bool:  # noqa: ARG001 - pyinfra's signature
-        if host.get_fact(NouveauLoaded):
+        if ask(host, NouveauLoaded):
             host.log_styled(
                 f"host {host.name}: nouveau is still loaded after the reboot — fix: check "
                 f"{BLACKLIST_FILE} and that update-initramfs -u succeeded, then re-run",

@@ -18,6 +18,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
 from facts.ray import HasSystemd
+from facts.survey import ask
 from operations.refuse import refuse
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayPlan
 
@@ -38,7 +39,7 @@ def ray_member(plan: RayPlan):
     Refuses the host (changes nothing) when systemd does not run it or when the env's ``ray``
     CLI is missing (deploy/python.py installs it with verl's pinned requirements).
     """
-    if not host.get_fact(HasSystemd):
+    if not ask(host, HasSystemd):
         yield from refuse._inner(
             step=STEP,
             reason="systemd is not the init system here (/run/systemd/system is missing)",
@@ -46,7 +47,7 @@ def ray_member(plan: RayPlan):
         )
         return
     ray = plan.argv[0]
-    if not host.get_fact(File, path=ray):
+    if not ask(host, File, path=ray):
         yield from refuse._inner(
             step=STEP,
             reason=f"the env's ray CLI {ray} is missing",

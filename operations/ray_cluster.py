@@ -14,6 +14,7 @@ from pyinfra.api.exceptions import NoGroupError
 
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
+from facts.survey import ask
 from p40fleet.ray import HEAD_GROUP, RayError, RayPlan, choose_head, plan_ray, ray_cli
 from p40fleet.spec import StackSpec
 from p40fleet.verification.check import FAIL, Check
@@ -62,11 +63,11 @@ def verify_checks(spec: StackSpec) -> list[Check]:
         plan = plan_for_host(spec)
     except RayError as exc:
         return [Check("ray", FAIL, exc.cause, exc.fix)]
-    probe = host.get_fact(RayStatus, ray=ray_cli(spec), address=plan.address,
+    probe = ask(host, RayStatus, ray=ray_cli(spec), address=plan.address,
                           temp_dir=spec.ray.temp_dir, user=spec.user.name)  # fmt: skip
     return ray_checks(
         probe,
         address=plan.address,
         nodes=expected_nodes(spec),
-        pci_gpus=len(list(host.get_fact(PciGpus))),
+        pci_gpus=len(list(ask(host, PciGpus))),
     )

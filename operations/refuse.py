@@ -105,6 +105,17 @@ def refuse_host(step: str, reason: str, remedy: str, name: str | None = None) ->
     refuse(step=step, reason=reason, remedy=remedy, name=name or f"Refuse: {step}")
 
 
+_SPECS_ATTR = "p40fleet_validated_specs"
+
+
+def _specs() -> dict[str, StackSpec]:
+    specs = getattr(state, _SPECS_ATTR, None)
+    if specs is None:
+        specs = {}
+        setattr(state, _SPECS_ATTR, specs)
+    return specs
+
+
 def validated_spec(*, lock: bool = True) -> StackSpec | None:
     """The current host's StackSpec, or None after queueing a refusal if the spec is invalid.
 
@@ -118,11 +129,15 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
         return None
     if host.name in refused_hosts():
         return None
+    specs = _specs()
+    if host.name in specs:
+        return specs[host.name]  # once per host and run (every deploy asks at its top)
     try:
         spec = spec_for_host(host)
         problem = host_key_problem(host, spec)
         if problem is not None:
             raise problem
+        specs[host.name] = spec
         return spec
     except SpecError as exc:
         # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".

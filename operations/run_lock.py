@@ -31,10 +31,14 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import BaseStateCallback
 
 from facts.run_lock import RunLock
+from facts.survey import ask
 from p40fleet import run_lock
 from p40fleet.run_lock import DEFAULT_PATH, Holder
 
-__all__ = ["PATH_KEY", "hold", "lock_path", "refreshed", "take", "this_run"]
+__all__ = [
+    "PATH_KEY", "defer_release", "hold", "lock_path", "refreshed", "release_for", "take",
+    "this_run",
+]  # fmt: skip
 
 logger = logging.getLogger("pyinfra")
 
@@ -44,6 +48,7 @@ _RUN_ATTR = "p40fleet_run_lock_run"
 _LOCKED_ATTR = "p40fleet_run_lock_held"
 _QUEUED_ATTR = "p40fleet_run_lock_queued"
 _RELEASE_ATTR = "p40fleet_run_lock_release"
+_DEFERRED_ATTR = "p40fleet_run_lock_deferred"
 _STEP = "run lock"
 
 
@@ -97,7 +102,7 @@ def take(path: str = DEFAULT_PATH):
     module's doc); a dry run takes nothing.
     """
     me = this_run()
-    seen = host.get_fact(RunLock, path=path)
+    seen = ask(host, RunLock, path=path)
     decision = run_lock.decide(seen.exists, seen.text, seen.boot_id, me)
     if decision.kind == "held":
         yield _refusal(path, decision.message)
@@ -137,7 +142,7 @@ def hold() -> bool:
     _register_release()
     path = lock_path()
     take(name="Take the p40fleet run lock", path=path)
-    seen = host.get_fact(RunLock, path=path)
+    seen = ask(host, RunLock, path=path)
     return run_lock.decide(seen.exists, seen.text, seen.boot_id, this_run()).kind != "held"
 
 
@@ -145,6 +150,25 @@ def refreshed():
     """Commands for an operation that rebooted the host: our holder gets the new boot_id."""
     if host.name in _set(_LOCKED_ATTR):
         yield StringCommand(run_lock.refresh_command(lock_path(), this_run()))
+
+
+def defer_release() -> None:
+    """This host's lock outlives its last operation: whoever runs last on it (the verification
+    after the run, ``operations.verification``) releases it with :func:`release_for`, in the
+    same command as its probe. A failing operation still releases at once."""
+    _set(_DEFERRED_ATTR).add(host.name)
+
+
+def release_for(target) -> str | None:
+    """The release command for ``target`` when this run still holds its lock (it is then
+    counted as released: run it), else None."""
+    locked = getattr(target.state, _LOCKED_ATTR, set())
+    if target.name not in locked:
+        return None
+    locked.discard(target.name)
+    run = getattr(target.state, _RUN_ATTR)
+    me = Holder(socket.gethostname(), os.getpid(), run[0], target.name, run[1])
+    return run_lock.release_command(str(target.data.get(PATH_KEY) or DEFAULT_PATH), me)
 
 
 class _Release(BaseStateCallback):
@@ -177,6 +201,8 @@ class _Release(BaseStateCallback):
             logger.warning(f"{host.print_prefix}run lock not released: {exc}")
 
     def operation_host_success(self, state, host, op_hash, retry_count=0):  # noqa: ARG002
+        if host.name in getattr(state, _DEFERRED_ATTR, set()):
+            return  # released after the run, with the verify probe (defer_release)
         if op_hash == self._last_op(state, host):
             self._release(state, host, op_hash)
 

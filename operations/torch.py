@@ -11,6 +11,7 @@ from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.conda import EnvDistributions
+from facts.survey import ask
 from operations.refuse import refusal_message
 from operations.training_user import as_user
 from p40fleet import hashlock
@@ -64,7 +65,7 @@ def torch(
     """
     pins = {"torch": version, "torchvision": torchvision, "torchaudio": torchaudio}
     pins = {name: pin for name, pin in pins.items() if pin}
-    installed = {} if fresh_env else host.get_fact(EnvDistributions, python=python, user=user)
+    installed = {} if fresh_env else ask(host, EnvDistributions, python=python, user=user)
     wrong = {
         name: pin
         for name, pin in pins.items()

@@ -29,6 +29,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.driver import NvidiaSmi
 from facts.gpu import PciGpus
+from facts.survey import ask
 from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import artifacts
 from operations import launch as launch_ops
@@ -73,8 +74,11 @@ def needs_staging(spec: StackSpec, which: str, target: Any = None) -> bool:
     archive = getattr(spec.training, which).archive
     if archive is None:
         return False
-    state = (host if target is None else target).get_fact(
-        StagedDir, path=staged_dir(spec, which), user=spec.user.name
+    state = ask(
+        host if target is None else target,
+        StagedDir,
+        path=staged_dir(spec, which),
+        user=spec.user.name,
     )
     return state.marker != archive.sha256.lower() or bool(missing(spec, which, state))
 
@@ -159,7 +163,7 @@ def stage(which: str, spec: StackSpec):
     inputs = getattr(spec.training, which)
     archive = inputs.archive
     dest = staged_dir(spec, which)
-    state = host.get_fact(StagedDir, path=dest, user=spec.user.name)
+    state = ask(host, StagedDir, path=dest, user=spec.user.name)
     lacking = missing(spec, which, state)
     if archive is None:
         if lacking:
@@ -197,7 +201,7 @@ def stage(which: str, spec: StackSpec):
 
 def gpu_memory_mib(gpu_count: int, target: Any = None) -> list[int | None]:
     """nvidia-smi's ``memory.total`` per GPU, or ``[]`` when it does not answer for all of them."""
-    smi = (host if target is None else target).get_fact(NvidiaSmi)
+    smi = ask(host if target is None else target, NvidiaSmi)
     if not smi.ok or len(smi.gpus) != gpu_count:
         return []
     return [gpu.memory_mib for gpu in smi.gpus]
@@ -213,11 +217,9 @@ def host_plan(
     ``model_config=False``: read it now). Raises ``LaunchError`` when the host gets none.
     The one place a host's plan is made: the launch script and verify both use it."""
     target = host if target is None else target
-    gpus = list(target.get_fact(PciGpus))
+    gpus = list(ask(target, PciGpus))
     if model_config is False:
-        model_config = target.get_fact(
-            ModelConfig, path=staged_dir(spec, "model"), user=spec.user.name
-        )
+        model_config = ask(target, ModelConfig, path=staged_dir(spec, "model"), user=spec.user.name)
     return plan_launch(
         spec,
         gpus,
@@ -252,7 +254,7 @@ def launch_script(
     + model_queued: an earlier operation of this run stages the model (see the module doc)
     """
     model_dir = staged_dir(spec, "model")
-    config = host.get_fact(ModelConfig, path=model_dir, user=spec.user.name)
+    config = ask(host, ModelConfig, path=model_dir, user=spec.user.name)
     if config is None and model_queued:
         # Before staging ran (pyinfra's first pass): the body runs again once it has; should
         # config.json still be missing then, this command stops the host saying so.

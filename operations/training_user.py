@@ -13,7 +13,9 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
+from facts.survey import ask
 from operations.refuse import refuse
+from operations.survey import same_dir
 
 __all__ = ["HOME_MODE", "SYSTEM_UID_MAX", "as_user", "mkdir_as", "training_user"]
 
@@ -38,7 +40,7 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
     account (uid < 1000) is never suggested for re-numbering. The home is kept at mode 0750.
     """
     name = user
-    users = host.get_fact(Users)
+    users = ask(host, Users)
     existing = users.get(name)
     if existing is not None and existing["uid"] != uid and existing["uid"] <= SYSTEM_UID_MAX:
         yield from refuse._inner(
@@ -65,10 +67,21 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
         )
         return
 
-    if name not in host.get_fact(Groups):
+    groups = ask(host, Groups)
+    home_exists = bool(ask(host, Directory, path=home))
+    if (
+        existing is not None
+        and name in groups
+        and existing.get("group") == name
+        and (existing.get("home"), existing.get("shell")) == (home, shell)
+        and home_exists
+        and same_dir(home, name, name, HOME_MODE)
+    ):
+        return  # what server.user and files.directory would leave unchanged, from the survey
+
+    if name not in groups:
         yield from server.group._inner(group=name, gid=uid)
 
-    home_exists = bool(host.get_fact(Directory, path=home))
     if existing is None and home_exists:
         host.log(f"reusing the existing home {home} for new user {name} (uid {uid})")
     yield from server.user._inner(
@@ -83,6 +96,16 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
     )
     # S20: useradd's default mode may let every local account read the data and checkpoints
     yield from files.directory._inner(path=home, user=name, group=name, mode=HOME_MODE)
+
+
+@operation()
+def directory(path: str, user: str, group: str, mode: str):
+    """
+    ``files.directory`` for a directory of the training user; nothing asked again when the
+    survey already shows it right (``operations.survey.same_dir``).
+    """
+    if not same_dir(path, user, group, mode):
+        yield from files.directory._inner(path=path, user=user, group=group, mode=mode)
 
 
 def as_user(user: str | None, command: StringCommand) -> StringCommand:
@@ -100,7 +123,7 @@ def mkdir_as(user: str, path: str):
     """Yield ``mkdir -p path`` as ``user`` when ``path`` is not a directory yet: an upload into
     the user's home then leaves no root-owned parent (``files.put`` would create the parents as
     root and chown only the last)."""
-    if not host.get_fact(Directory, path=path):
+    if not ask(host, Directory, path=path):
         yield as_user(user, StringCommand("mkdir -p", QuoteString(path)))
 
 

@@ -15,13 +15,15 @@ from typing import Any
 
 import gevent
 from pyinfra import host, logger, state
+from pyinfra.api import StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import BaseStateCallback
 
 from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
+from facts.survey import ask
 from facts.verify import VerifyProbe
-from operations import artifacts, cudnn, training
+from operations import artifacts, cudnn, run_lock, training
 from p40fleet import apex_build, report
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
@@ -112,7 +114,7 @@ def _with_details(target, entry: dict[str, Any]) -> dict[str, Any]:
         return entry
     try:
         spec = spec_for_host(target)
-        gpus = list(target.get_fact(PciGpus))
+        gpus = list(ask(target, PciGpus))
     except SpecError:
         return entry  # its only check says why the spec is refused
     except Exception:  # noqa: BLE001 - a host lost since its checks keeps them, without details
@@ -139,19 +141,30 @@ def finish(entries: dict[str, Any]) -> dict[str, Any]:
 
 
 def _probe_now(target, spec: StackSpec) -> list[Check]:
-    """Run the probe on ``target`` now (not from the fact cache) and check the answers."""
+    """Run the probe on ``target`` now (not from the fact memo) and check the answers; this
+    run's lock on it is released by the same command (``run_lock.defer_release``)."""
     fact = VerifyProbe()
-    gpus = list(target.get_fact(PciGpus))
+    gpus = list(ask(target, PciGpus))  # live after a change in this run, else its survey's
     plan = None
+    release = run_lock.release_for(target)
+    # as the facts run: with the host's connector arguments (_sudo, _sudo_password...)
+    arguments, _ = pop_global_arguments(target.state, target, {})
+    connect = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
     try:
         # the plan as the launch script has it now (the model config staged by this run)
         plan = training.training_target(spec, target)
-        command = fact.command(probe_targets(spec, plan))
-        # as the facts run: with the host's connector arguments (_sudo, _sudo_password...)
-        arguments, _ = pop_global_arguments(target.state, target, {})
-        connect = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+        command = StringCommand(fact.command(probe_targets(spec, plan)))
+        if release:
+            command = StringCommand("(", command, "\n); rc=$?; {", release, "; } >/dev/null 2>&1")
+            command = StringCommand(command, "; exit $rc")
+            release = None
         ok, output = target.run_shell_command(command, print_output=False, **connect)
     except Exception as exc:  # noqa: BLE001 - a host that cannot be probed FAILs, the run goes on
+        if release:  # the probe never ran: release on its own
+            try:
+                target.run_shell_command(StringCommand(release), print_output=False, **connect)
+            except Exception as lost:  # noqa: BLE001 - the lock is stale: the next run takes it
+                logger.warning(f"{target.print_prefix}run lock not released: {lost}")
         return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}", plan)
     if not ok:
         why = "; ".join(output.stderr_lines[-3:]) or "no output"
@@ -212,3 +225,4 @@ def verify_after_run(spec: StackSpec) -> None:
         setattr(state, _SPECS_ATTR, specs)
         state.add_callback_handler(_VerifyAfterLastOperation())
     specs[host.name] = spec
+    run_lock.defer_release()  # released with the probe: one command, not two

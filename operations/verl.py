@@ -16,8 +16,10 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.conda import EnvDistributions, MarkerText
+from facts.survey import ask
 from facts.verl import GitCheckout, VerlPatchCheck
 from operations.refuse import refuse, refuse_option_ref
+from operations.survey import same_file
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as
 from p40fleet.verl_patches import APPLIER_PATH
@@ -40,7 +42,7 @@ REQUIREMENTS_MARKER = ".p40fleet-verl-requirements.sha256"
 
 def checkout_moves(path: str, commit: str, user: str | None) -> bool:
     """This host's verl checkout is not at ``commit`` yet (so patch + install must re-run)."""
-    return host.get_fact(GitCheckout, path=path, user=user).head != commit
+    return ask(host, GitCheckout, path=path, user=user).head != commit
 
 
 @operation()
@@ -61,7 +63,7 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     if ref.startswith("-"):
         yield from refuse_option_ref("verl checkout", ref, "stack.verl.ref", "v0.5.0")
         return
-    state = host.get_fact(GitCheckout, path=path, user=user)
+    state = ask(host, GitCheckout, path=path, user=user)
     q_path = QuoteString(path)
     if state.exists and not state.is_repo:
         yield from refuse._inner(
@@ -134,6 +136,14 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     )
 
 
+def patch_files(work_dir: str, rules_json: str) -> tuple[str, str]:
+    """The applier's and the rule set's paths on the host (the rule set named by its sum)."""
+    digest = hashlib.sha256(rules_json.encode()).hexdigest()[:16]
+    return posixpath.join(work_dir, "verl_patch.py"), posixpath.join(
+        work_dir, f"rules-{digest}.json"
+    )
+
+
 @operation()
 def patch(
     python: str,
@@ -158,19 +168,26 @@ def patch(
     Exit 3 (local edits: a patched file differs from what the applier recorded) fails the host
     with the applier's message naming the files; nothing is overwritten.
     """
-    digest = hashlib.sha256(rules_json.encode()).hexdigest()[:16]
-    script = posixpath.join(work_dir, "verl_patch.py")
-    rules = posixpath.join(work_dir, f"rules-{digest}.json")
+    script, rules = patch_files(work_dir, rules_json)
     yield from mkdir_as(user, work_dir)  # as the user: no root-owned directory in its home
-    yield from files.put._inner(
-        src=script_src, dest=script, user=user, group=user, mode="755", add_deploy_dir=False,
-        create_remote_dir=False,
-    )  # fmt: skip
-    yield from files.put._inner(
-        src=StringIO(rules_json), dest=rules, user=user, group=user, create_remote_dir=False
-    )
-    check = host.get_fact(
-        VerlPatchCheck, python=python, script=script, rules=rules, checkout=checkout, user=user
+    with open(script_src, "rb") as handle:
+        if not same_file(script, handle.read(), user, user, "755"):
+            yield from files.put._inner(
+                src=script_src, dest=script, user=user, group=user, mode="755",
+                add_deploy_dir=False, create_remote_dir=False,
+            )  # fmt: skip
+    if not same_file(rules, rules_json.encode(), user, user):
+        yield from files.put._inner(
+            src=StringIO(rules_json), dest=rules, user=user, group=user, create_remote_dir=False
+        )
+    check = ask(
+        host,
+        VerlPatchCheck,
+        python=python,
+        script=script,
+        rules=rules,
+        checkout=checkout,
+        user=user,
     )
     if check == str(PATCH_EXIT["no-change"]) and not checkout_changes:
         host.noop("verl patch rules already applied")
@@ -220,11 +237,14 @@ def requirements(
         digest = hashlib.sha256(handle.read()).hexdigest()
     if user:  # as the user: no root-owned directory (or file) in its home
         yield from mkdir_as(user, posixpath.dirname(dest))
-    yield from files.put._inner(
-        src=src, dest=dest, user=user, group=user, add_deploy_dir=False, create_remote_dir=not user
-    )
+    with open(src, "rb") as handle:
+        if not same_file(dest, handle.read(), user, user):
+            yield from files.put._inner(
+                src=src, dest=dest, user=user, group=user, add_deploy_dir=False,
+                create_remote_dir=not user,
+            )  # fmt: skip
     marker = f"{env_dir.rstrip('/')}/{REQUIREMENTS_MARKER}"
-    if not fresh_env and host.get_fact(MarkerText, path=marker, user=user) == digest:
+    if not fresh_env and ask(host, MarkerText, path=marker, user=user) == digest:
         host.noop(f"verl requirements {posixpath.basename(src)} already installed")
         return
     yield as_user(
@@ -265,7 +285,7 @@ def install(
     + force: reinstall anyway
     + user: run the commands as this user (``su``); None = as connected
     """
-    dists = {} if fresh_env else host.get_fact(EnvDistributions, python=python, user=user)
+    dists = {} if fresh_env else ask(host, EnvDistributions, python=python, user=user)
     verl = dists.get("verl")
     here = verl is not None and (verl.editable or "").rstrip("/") == checkout.rstrip("/")
     if here and same_version(verl.version, version) and not (checkout_changes or force):

@@ -4,7 +4,9 @@ pyinfra 3.10 handles ``SSHException``/``OSError`` per host (that host fails, the
 but paramiko reports a connection that died under an open transport as ``EOFError``, which
 escapes pyinfra's handlers and ends the run for every host. ``install()`` wraps the SSH
 connector's command and file methods so that ``EOFError`` surfaces as ``SSHException`` naming
-the host. Idempotent; installed by ``operations/__init__.py``.
+the host. pyinfra has no hook for this, so ``install()`` patches ``SSHConnector``'s three
+methods in place; it is called explicitly by ``deploy/preflight.py`` (which every deploy
+includes), never on import. Idempotent.
 """
 
 from __future__ import annotations

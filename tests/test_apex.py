@@ -257,7 +257,6 @@ def test_env_fresh_when_rebuilt_or_forced():
     assert fresh(EnvPythonState("ok", "3.10.12"), force=True)
 
 
-
 def test_the_spec_derives_the_apex_build_once():
     spec = load_spec("lab1", {})
     p40 = [gpu(P40, "0000:01:00.0"), gpu(P40, "0000:02:00.0")]

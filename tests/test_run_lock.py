@@ -233,3 +233,24 @@ def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path):
     assert proc.returncode == 0 and marker.exists(), out
     assert "run lock: took over the stale lock of run run-a" in out and "pid 999999" in out, out
     assert not lock.exists(), out
+
+
+def test_a_deferred_release_is_given_once_to_whoever_runs_last(tmp_path):
+    """deploy/full.py: the verify probe after the run carries the release (one command, not
+    two); the release callback leaves such a host alone and a host not locked gets none."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    from tests.opharness import make_host
+
+    state, host = make_host({op.PATH_KEY: str(tmp_path / "lock")})
+    with ctx_state.use(state), ctx_host.use(host):
+        me = op.this_run()
+        op.defer_release()
+    assert op.release_for(host) is None  # not taken by this run: nothing to release
+    state.p40fleet_run_lock_held = {host.name}  # as take() leaves it at execution
+    command = op.release_for(host)
+    assert command == run_lock.release_command(str(tmp_path / "lock"), me)
+    assert op.release_for(host) is None  # given once
+    release = op._Release()
+    release.last[host.name] = "op"
+    release.operation_host_success(state, host, "op")  # deferred: no command, no error

@@ -4,7 +4,6 @@ import pytest
 from paramiko import SSHException
 from pyinfra.connectors.ssh import SSHConnector
 
-import operations  # noqa: F401 - installs the guard
 from p40fleet import sshguard
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import resource
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -170,6 +173,33 @@ def test_second_run_changes_nothing_and_downloads_nothing(fleet):
     for name in PROVISIONED:
         assert second.changed_operations(name) == [], name
     assert second.bytes_served == 0  # the model and data archives included
+
+
+NAMED_ONE_BY_ONE = ("deploy/preflight.py", "deploy/system.py", "deploy/python.py",
+                    "deploy/training.py")  # fmt: skip
+_COMMAND = re.compile(r"Running command on (?P<host>\S+):")  # pyinfra --debug, per command
+
+
+def test_no_op_runs_send_at_most_three_commands_per_host(fleet):
+    """facts.survey: one fact command per host, plus the run lock's take and release (the
+    release rides on the verify probe in deploy/full.py): as deploy/full.py and as the four
+    deploys named in one call."""
+    seen, cpu = {}, {}
+    for deploys in (("deploy/full.py",), NAMED_ONE_BY_ONE):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        result = full(*deploys[1:], "--debug", deploy=deploys[0])
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        cpu[" ".join(deploys)] = round(spent / len(result.connected), 3)  # --debug included
+        counts = Counter(m["host"] for m in _COMMAND.finditer(result.output))
+        seen[" ".join(deploys)] = dict(sorted(counts.items()))
+        for name in PROVISIONED:
+            assert name in result.connected and not result.errors[name], result.output[-5000:]
+            assert result.changed_operations(name) == [], name
+    print(f"remote commands per host on a no-op run: {seen}; controller CPU s/host: {cpu}")
+    for deploys, counts in seen.items():
+        for name in PROVISIONED:
+            assert 1 <= counts.get(name, 0) <= 3, (deploys, counts)
 
 
 def test_air_gapped_hosts_use_the_mirror_only_and_restore_its_apt_source(fleet):

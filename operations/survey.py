@@ -1,0 +1,244 @@
+"""Each layer's facts, as its operations ask them on a host where nothing is to change.
+
+``deploy/preflight.py`` (which every deploy includes first) asks :func:`survey_host` once per
+host: one command answers every fact the preflight, system, Python and training layers ask
+on a converged host (``facts.survey``), so a no-op run of ``deploy/full.py`` or of the four
+deploys named in one call sends one fact command per host. A fact missing here is still
+right, only asked on its own (``facts.survey.ask``); a host that changes asks live.
+
+Each list follows its deploy file and the operations' own asks (same classes, same
+arguments): change them together. Guards for pyinfra's own file operations
+(:func:`same_file`, :func:`same_dir`) decide "nothing to do" from the same answers, because
+``files.put``/``files.directory`` ask their facts with ``host.get_fact`` each time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from typing import Any
+
+from pyinfra import host, state
+from pyinfra.api.util import get_template
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.server import Groups, Users, Which
+
+from facts.apt_source import AptSources
+from facts.artifacts import ArtifactState
+from facts.conda import (
+    CondaInstall,
+    CondaTos,
+    EnvDistributions,
+    EnvPython,
+    MarkerText,
+    env_dir,
+    env_python,
+)
+from facts.cuda import CudaToolkit, NvccRelease
+from facts.cudnn import CudnnExtracted, CudnnFiles, CudnnHeaderVersion, PathDevice
+from facts.driver import InstalledDriverVersion, NvidiaSmi
+from facts.gpu import PciGpus
+from facts.host import Cpus, FreeSpace, KernelHeaders, LinuxDistribution, MemTotal
+from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
+from facts.run_lock import RunLock
+from facts.survey import Part, ask, part, survey
+from facts.training import ModelConfig, StagedDir
+from facts.verl import GitCheckout, VerlPatchCheck
+from p40fleet.run_lock import DEFAULT_PATH
+from p40fleet.spec import ARTIFACTS, StackSpec
+from p40fleet.training import staged_dir
+
+__all__ = ["layer_parts", "rendered", "same_dir", "same_file", "survey_host"]
+
+
+def _mode(mode: Any) -> int | None:
+    """A mode as pyinfra's ``File``/``Directory`` facts give it (``"644"`` -> ``644``)."""
+    return None if mode is None else int(str(mode), 10)
+
+
+def same_file(
+    dest: str, content: bytes, user: str | None = None, group: str | None = None, mode: Any = None
+) -> bool:
+    """``dest`` is a file with exactly ``content``, owner, group and mode (those given): what
+    ``files.put`` would leave unchanged (said as it says it). False when unsure: ``files.put``
+    then decides."""
+    info = ask(host, File, path=dest)
+    if not info:
+        return False
+    if ask(host, Sha1File, path=dest) != hashlib.sha1(content).hexdigest():
+        return False
+    if user and info.get("user") != user or group and info.get("group") != group:
+        return False
+    if mode is not None and info.get("mode") != _mode(mode):
+        return False
+    host.noop(f"file {dest} is already uploaded")  # as files.put says it
+    return True
+
+
+def same_dir(
+    path: str, user: str | None = None, group: str | None = None, mode: Any = None
+) -> bool:
+    """``path`` is a directory with this owner, group and mode (those given): what
+    ``files.directory`` would leave unchanged."""
+    info = ask(host, Directory, path=path)
+    if not info:
+        return False
+    if user and info.get("user") != user or group and info.get("group") != group:
+        return False
+    if mode is not None and info.get("mode") != _mode(mode):
+        return False
+    host.noop(f"directory {path} already exists")  # as files.directory says it
+    return True
+
+
+def rendered(src: str, jinja_env_kwargs: dict | None = None, **data: Any) -> bytes:
+    """The text ``files.template`` uploads for ``src`` (same data: host, state, inventory)."""
+    data.setdefault("host", host)
+    data.setdefault("state", state)
+    data.setdefault("inventory", state.inventory)
+    return get_template(src, jinja_env_kwargs).render(data).encode()
+
+
+def _artifact_path(spec: StackSpec, item: str) -> str:
+    from operations.artifacts import artifact_path
+
+    return artifact_path(spec, item)
+
+
+def preflight_parts(spec: StackSpec, lock: str | None) -> list[Part]:
+    """deploy/preflight.py and the run lock (``operations.run_lock.hold``)."""
+    parts = [
+        part(PciGpus),
+        *(part(ArtifactState, path=_artifact_path(spec, item)) for item in ARTIFACTS),
+        part(CudaToolkit, cuda_dir=spec.paths.cuda_dir),
+        part(FreeSpace, path=spec.paths.artifact_cache),
+        part(LinuxDistribution),
+    ]
+    return parts + ([part(RunLock, path=lock)] if lock else [])
+
+
+def system_parts(spec: StackSpec) -> list[Part]:
+    """deploy/system.py on a converged host."""
+    from operations import apt_source, cuda, cudnn, driver, nouveau
+
+    paths = spec.paths
+    tree = cudnn.extracted_dir(paths.cudnn_extract_dir, _artifact_path(spec, "cudnn"))
+    parts = [
+        part(PathDevice, path=paths.cudnn_extract_dir),
+        part(PathDevice, path=paths.cuda_dir),
+        part(FileStampFact, path=nouveau.BLACKLIST_FILE),
+        part(InitramfsMtime),
+        part(NouveauLoaded),
+        part(KernelHeaders),
+        *(part(Which, command=tool) for tool in driver.BUILD_TOOLS),
+        part(InstalledDriverVersion),
+        part(NvidiaSmi),
+        part(Link, path=paths.cuda_link),
+        part(File, path=cuda.PROFILE_FILE),
+        part(Sha1File, path=cuda.PROFILE_FILE),
+        part(NvccRelease, cuda_dir=paths.cuda_dir),
+        part(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h"),
+        part(CudnnExtracted, tree=tree),
+        part(CudnnFiles, src_dir=tree, cuda_dir=paths.cuda_dir),
+        part(CudnnHeaderVersion, path=f"{paths.cuda_dir.rstrip('/')}/include/cudnn_version.h"),
+    ]
+    apt = spec.mirror.apt if spec.mirror is not None else None
+    if apt is not None:
+        key = apt_source.key_dest(apt.signed_by) if apt.signed_by else None
+        parts.append(part(AptSources, key_path=key))
+    return parts
+
+
+def python_parts(spec: StackSpec) -> list[Part]:
+    """deploy/python.py on a converged host (every GPU profile's verl rule set: the host's
+    GPUs are not known before this survey answers)."""
+    from operations import apex, conda, verl
+    from p40fleet import verl_patches
+    from p40fleet.verl_patches import VerlPatchError
+
+    user, env = spec.user, spec.env
+    as_user = {"user": user.name}
+    prefix = env.conda_prefix
+    python = env_python(prefix, env.name)
+    the_env = env_dir(prefix, env.name)
+    cache = f"{user.home}/.cache/p40fleet"
+    parts = [
+        part(Users),
+        part(Groups),
+        part(Directory, path=user.home),
+        part(Directory, path=env.data_dir),
+        part(Directory, path=env.model_dir),
+        part(ArtifactState, path=_artifact_path(spec, "miniconda")),
+        part(CondaInstall, prefix=prefix, **as_user),
+        part(CondaTos, prefix=prefix, **as_user),
+        part(MarkerText, path=f"{prefix.rstrip('/')}/.condarc", **as_user),
+        part(MarkerText, path=f"{prefix.rstrip('/')}/{conda.TOS_MARKER}", **as_user),
+        part(EnvPython, prefix=prefix, env_name=env.name, **as_user),
+        part(EnvDistributions, python=python, **as_user),
+        part(MarkerText, path=f"{the_env}/{apex.KEY_FILE}", **as_user),
+        part(Cpus),
+        part(MemTotal),
+        part(GitCheckout, path=env.verl_checkout, **as_user),
+        part(Directory, path=f"{cache}/verl-patch"),
+        part(Directory, path=cache),
+        part(MarkerText, path=f"{the_env.rstrip('/')}/{verl.REQUIREMENTS_MARKER}", **as_user),
+    ]
+    script = posixpath.join(f"{cache}/verl-patch", "verl_patch.py")
+    parts += [part(File, path=script), part(Sha1File, path=script)]
+    for profile in verl_patches.PROFILES:
+        try:
+            rules_json = verl_patches.ruleset_json(spec.verl.ref, profile)
+        except VerlPatchError:
+            continue  # no rules for this profile: the host is refused before the patch
+        _, rules = verl.patch_files(f"{cache}/verl-patch", rules_json)
+        parts += [part(File, path=rules), part(Sha1File, path=rules)]
+        parts.append(
+            part(
+                VerlPatchCheck,
+                python=python,
+                script=script,
+                rules=rules,
+                checkout=env.verl_checkout,
+                **as_user,
+            )  # fmt: skip
+        )
+    variant = spec.verl.requirements or (
+        "v0.5.0" if apex.cuda_ext_default(spec.torch.version) else "lab"
+    )  # deploy/python.py's requirements_variant
+    dest = f"{cache}/verl-requirements-{variant}.txt"
+    return parts + [part(File, path=dest), part(Sha1File, path=dest)]
+
+
+def training_parts(spec: StackSpec) -> list[Part]:
+    """deploy/training.py on a converged host."""
+    from operations import launch
+
+    as_user = {"user": spec.user.name}
+    script = launch.script_path(spec.user.home)
+    return [
+        part(StagedDir, path=staged_dir(spec, "model"), **as_user),
+        part(StagedDir, path=staged_dir(spec, "data"), **as_user),
+        part(ModelConfig, path=staged_dir(spec, "model"), **as_user),
+        part(NvidiaSmi),
+        part(File, path=script),
+        part(Sha1File, path=script),
+    ]
+
+
+def layer_parts(spec: StackSpec, lock: str | None = None) -> list[Part]:
+    """Every layer a run of these deploys uses (see the module doc)."""
+    return [
+        *preflight_parts(spec, lock),
+        *system_parts(spec),
+        *python_parts(spec),
+        *training_parts(spec),
+    ]
+
+
+def survey_host(target: Any, spec: StackSpec) -> int:
+    """Ask ``target``'s survey: once per run (a part already asked is not asked again), also
+    for another host than the current one (its lock path from its own data)."""
+    from operations.run_lock import PATH_KEY
+
+    lock = str(target.data.get(PATH_KEY) or DEFAULT_PATH)
+    return survey(target, layer_parts(spec, lock))

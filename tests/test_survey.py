@@ -1,0 +1,224 @@
+"""facts.survey on a real pyinfra host (@local): one command for many facts, the memo, and
+when it is forgotten; and that nothing in the project reaches into pyinfra's privates."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyinfra import host
+from pyinfra.api import Config, FactBase, Inventory, State, operation
+from pyinfra.api.connect import connect_all
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
+from pyinfra.facts.server import Which
+from pyinfra.operations import server
+
+from facts import survey as memo
+from facts.cudnn import PathDevice
+from facts.host import LinuxDistribution, MemTotal
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Counted(FactBase):
+    """Appends a line to ``path`` each time it runs; returns how many times it has run."""
+
+    def command(self, path: str, step: int = 1) -> str:
+        return f"echo x >> {path}; expr $(wc -l < {path}) '*' {step}"
+
+    def process(self, output):
+        return int(output[0])
+
+
+class NoNewline(FactBase):
+    def command(self) -> str:
+        return "printf 'a\\nb'"
+
+    def process(self, output):
+        return list(output)
+
+
+class Fails(FactBase):
+    def command(self) -> str:
+        return "echo partial; exit 3"
+
+
+class NeedsMissingTool(FactBase):
+    @staticmethod
+    def default():
+        return "default"
+
+    def requires_command(self) -> str:
+        return "p40fleet-no-such-tool"
+
+    def command(self) -> str:
+        return "p40fleet-no-such-tool --version"
+
+
+@pytest.fixture
+def local():
+    """A connected @local host in the prepare stage (memo installed), and its command log."""
+
+    def make(install: bool = True):
+        inventory = Inventory(([("@local", {})], {}))
+        state = State(inventory, Config())
+        connect_all(state)
+        state.set_stage(StateStage.Prepare)
+        target = inventory.get_host("@local")
+        if install:
+            memo.install(state)
+        sent: list[str] = []
+        real = target.run_shell_command
+
+        def counting(command, **kwargs):
+            sent.append(str(command))
+            return real(command, **kwargs)
+
+        target.run_shell_command = counting
+        return state, target, sent
+
+    return make
+
+
+def test_a_survey_answers_many_facts_in_one_command_as_asked_one_by_one(local, tmp_path):
+    parts = [
+        memo.part(MemTotal),
+        memo.part(PathDevice, path=str(tmp_path)),  # (free space moves: not compared)
+        memo.part(LinuxDistribution),
+        memo.part(Which, command="sh"),
+        memo.part(NoNewline),
+        memo.part(Counted, path=str(tmp_path / "n")),
+    ]
+    _, alone, _ = local(install=False)
+    expected = [alone.get_fact(cls, **dict(kwargs)) for cls, kwargs in parts[:-1]]
+    state, target, sent = local()
+    assert memo.survey(target, parts) == len(parts)
+    assert len(sent) == 1
+    got = [memo.ask(target, cls, **dict(kwargs)) for cls, kwargs in parts]
+    assert got[:-1] == expected
+    assert got[-1] == 1
+    assert len(sent) == 1  # every answer from the memo
+    assert memo.survey(target, parts) == 0 and len(sent) == 1  # asked once per run
+
+
+def test_defaults_fill_in_the_memo_key(local, tmp_path):
+    _, target, sent = local()
+    path = str(tmp_path / "n")
+    memo.survey(target, [memo.part(Counted, path=path)])
+    assert memo.ask(target, Counted, path=path, step=1) == 1
+    assert memo.answered(target, Counted, path=path)
+    assert memo.ask(target, Counted, path=path, step=2) == 4  # another question: asked live
+    assert len(sent) == 2
+
+
+def test_a_missing_command_gives_the_default_and_a_failure_is_asked_live(local):
+    _, target, sent = local()
+    assert memo.survey(target, [memo.part(NeedsMissingTool), memo.part(Fails)]) == 1
+    assert memo.ask(target, NeedsMissingTool) == "default"
+    assert len(sent) == 1
+    assert not memo.answered(target, Fails)
+    with pytest.raises(Exception):  # noqa: B017 - pyinfra's own error for a failing fact
+        memo.ask(target, Fails)
+    assert len(sent) == 2
+
+
+def test_without_install_ask_is_get_fact(local, tmp_path):
+    _, target, sent = local(install=False)
+    path = str(tmp_path / "n")
+    assert memo.survey(target, [memo.part(Counted, path=path)]) == 0
+    assert [memo.ask(target, Counted, path=path) for _ in range(2)] == [1, 2]
+    assert len(sent) == 2
+
+
+@operation()
+def _asks(path: str, seen: list):
+    """Asks Counted and yields nothing (a no-op)."""
+    seen.append(memo.ask(host, Counted, path=path))
+    return
+    yield  # pragma: no cover - a generator that yields nothing
+
+
+def test_the_memo_holds_across_no_op_operations_and_goes_after_a_change(local, tmp_path):
+    state, target, _ = local()
+    path = str(tmp_path / "n")
+    seen: list[int] = []
+    add_op(state, _asks, path=path, seen=seen, name="ask 1")
+    add_op(state, _asks, path=path, seen=seen, name="ask 2")
+    add_op(state, server.shell, commands=[f"echo changed >> {tmp_path / 'log'}"], name="change")
+    add_op(state, _asks, path=path, seen=seen, name="ask 3")
+    assert seen == [1, 1, 1]  # prepared: one command
+    state.set_stage(StateStage.Execute)
+    run_ops(state)
+    # executed: the two no-op operations from the memo, the one after the change live
+    assert seen == [1, 1, 1, 1, 1, 2]
+    assert memo.changed(target)
+
+
+def _python_sources() -> list[Path]:
+    skip = {".venv", ".git", "build", "dist"}
+    return [
+        p for p in REPO.rglob("*.py") if not skip & set(p.relative_to(REPO).parts) and p.is_file()
+    ]
+
+
+def test_no_private_pyinfra_names_and_no_patching_of_pyinfra_classes():
+    # pyinfra's API (pyinfra_cli, the command line's loader, is not what runs the deploys)
+    imports = re.compile(r"from pyinfra(?:\.[\w.]+)? import (\([^)]*\)|[^\n]*)")
+    attribute = re.compile(r"\bpyinfra(\.\w+)*\._[A-Za-z]")
+    patch = re.compile(r"setattr\((Host|State|PyinfraCommand|StringCommand)\b|\bHost\.\w+ = ")
+    offenders = []
+    for path in _python_sources():
+        text = path.read_text()
+        for found in imports.finditer(text):
+            names = re.findall(r"[A-Za-z_]\w*", found.group(1).split("#")[0])
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.startswith("_")]
+        for pattern in (attribute, patch):
+            offenders += [f"{path.relative_to(REPO)}: {m.group(0)}" for m in pattern.finditer(text)]
+    assert offenders == []
+
+
+def test_importing_the_operations_changes_nothing_in_pyinfra():
+    script = """
+import importlib, pkgutil
+from pyinfra.api.command import PyinfraCommand
+from pyinfra.api.host import Host
+from pyinfra.connectors.ssh import SSHConnector
+
+def snapshot():
+    found, todo = {}, [PyinfraCommand]
+    while todo:
+        cls = todo.pop()
+        found[cls.__qualname__] = cls.__dict__.get("execute")
+        todo.extend(cls.__subclasses__())
+    found["get_fact"] = Host.__dict__["get_fact"]
+    for name in ("run_shell_command", "put_file", "get_file"):
+        found[name] = SSHConnector.__dict__.get(name)
+    return found
+
+before = snapshot()
+import operations
+for info in pkgutil.iter_modules(operations.__path__):
+    importlib.import_module(f"operations.{info.name}")
+import facts.survey
+after = snapshot()
+changed = [k for k in before if after.get(k) is not before[k]]
+print(changed)
+assert not changed, changed
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_pyinfra_is_pinned_to_the_minor_version_the_tests_run():
+    import pyinfra
+
+    text = (REPO / "pyproject.toml").read_text()
+    major, minor = pyinfra.__version__.split(".")[:2]
+    assert f'"pyinfra=={major}.{minor}.*"' in text
