@@ -132,7 +132,7 @@ def _books(state: Any) -> dict[str, _Book] | None:
 
 
 def _book(host: Any) -> _Book | None:
-    books = _books(host.state)
+    books = _books(getattr(host, "state", None))  # a test's stand-in host has no state
     if books is None:
         return None
     return books.setdefault(host.name, _Book())

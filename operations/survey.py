@@ -202,10 +202,7 @@ def python_parts(spec: StackSpec) -> list[Part]:
                 **as_user,
             )  # fmt: skip
         )
-    variant = spec.verl.requirements or (
-        "v0.5.0" if apex.cuda_ext_default(spec.torch.version) else "lab"
-    )  # deploy/python.py's requirements_variant
-    dest = f"{cache}/verl-requirements-{variant}.txt"
+    dest = f"{cache}/verl-requirements-{spec.requirements_variant}.txt"
     return parts + [part(File, path=dest), part(Sha1File, path=dest)]
 
 
