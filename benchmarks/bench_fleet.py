@@ -128,14 +128,17 @@ def settle(roots: dict[str, str], idle: dict[str, dict[int, float]], timeout: fl
     return False
 
 
-def commands_per_host(output: str) -> tuple[Counter, int]:
+def commands_per_host(output: str) -> tuple[Counter, int, dict[str, list[str]]]:
+    """Commands sent to each host, ``sha256sum`` commands among them, and each host's list."""
     counts: Counter = Counter()
     hashing = 0
+    sent: dict[str, list[str]] = {}
     for line in output.splitlines():
         if m := _COMMAND.search(line):
             counts[m["host"]] += 1
             hashing += "sha256sum" in m["cmd"]
-    return counts, hashing
+            sent.setdefault(m["host"], []).append(m["cmd"][:300])
+    return counts, hashing, sent
 
 
 def machine_cpu_seconds() -> float:
@@ -192,7 +195,7 @@ def measure_mode(mode: str, size: int, repeat: int) -> dict:
     noop_run(mode, size)  # warm-up: the first no-op run after a converge is not timed
     timed = [noop_run(mode, size)[1] for _ in range(repeat)]
     debug, last = noop_run(mode, size, "--debug")
-    counts, hashing = commands_per_host(debug.output)
+    counts, hashing, sent = commands_per_host(debug.output)
     med = statistics.median
     ratios = [r["wall_over_floor"] for r in timed if r["wall_over_floor"] is not None]
     return {
@@ -201,6 +204,8 @@ def measure_mode(mode: str, size: int, repeat: int) -> dict:
         "commands_per_host": max(counts.values()) if counts else 0,
         "commands_by_host": dict(sorted(counts.items())),
         "hash_commands": hashing,
+        # what the busiest host was sent (first 300 characters of each), to see what to cut
+        "commands_sent": max(sent.values(), key=len) if sent else [],
         "wall_s": med(r["wall_s"] for r in timed),
         "controller_cpu_per_host_s": med(r["controller_cpu_s"] for r in timed) / size,
         "host_cpu_per_host_s": med(r["host_cpu_total_s"] for r in timed) / size,
