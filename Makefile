@@ -21,7 +21,8 @@ APT_PACKAGES := mmdebstrap iproute2 openssh-client git xz-utils dpkg-dev gcc lib
 .PHONY: demo test lint setup system-packages lab-up lab-down bench
 
 # .venv/bin first on PATH, as an activated venv has it: tools and tests that run `python3` by
-# name (tests/test_python_facts.py) get the project's interpreter, not a system or pyenv one.
+# name (tests/test_conda.py, tests/test_verl.py) get the project's interpreter, not a system
+# or pyenv one.
 
 demo: setup
 	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) -m p40lab.demo --gpus $(LAB_GPUS)

@@ -1,16 +1,19 @@
 """Apex: the build key arithmetic (p40fleet/apex_build.py) and the builder election
 (operations/apex_fleet.py) on hosts that answer facts from a table, without a pyinfra run.
 
-The operations themselves (build, fetch, put, install) are in tests/test_ops_python.py.
+The operations themselves (build, fetch, put, install): facts in, commands out (tests/opharness.py),
+at the end of this file.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.facts.files import Directory, File
 
 from facts.conda import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from facts.gpu import PciGpu, PciGpus
@@ -18,6 +21,7 @@ from operations import apex, apex_fleet, conda
 from p40fleet import apex_build
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
+from tests.opharness import run_op
 
 SPEC = load_spec("lab1", {})
 ENV = "/home/verl/miniconda3/envs/verl-p40"
@@ -262,3 +266,213 @@ def test_the_spec_derives_the_apex_build_once():
     p40 = [gpu(P40, "0000:01:00.0"), gpu(P40, "0000:02:00.0")]
     assert spec.apex_build(p40) == apex_build.for_spec(spec, p40)
     assert spec.apex_build(p40).arch_list == "6.1"
+
+
+# -- apex ----------------------------------------------------------------------------------
+
+
+def _build_op(cuda_ext=True, tar=None):
+    return run_op(
+        apex.build_wheel,
+        python=PY,
+        remote="http://m/git/apex.git",
+        ref="25.09",
+        commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
+        work_dir="/w",
+        cuda_home="/usr/local/cuda-11.8",
+        arch_list="6.0;6.1",
+        max_jobs=6,
+        cuda_ext=cuda_ext,
+        facts={File: tar},
+    )
+
+
+def test_build_wheel_flags():
+    result = _build_op()
+    build = next(c for c in result.commands if " wheel " in c)
+    assert "CUDA_HOME=/usr/local/cuda-11.8" in build
+    assert "'TORCH_CUDA_ARCH_LIST=6.0;6.1'" in build and "MAX_JOBS=6" in build
+    for flag in ("--no-build-isolation", "--no-deps", "-w /w/wheels"):
+        assert flag in build
+    assert "--config-settings --build-option=--cpp_ext" in build
+    assert "--config-settings --build-option=--cuda_ext" in build
+    assert any("git clone --quiet http://m/git/apex.git /w/src" == c for c in result.commands)
+    assert any("4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49" in c for c in result.commands)
+    # the tar and its sum from the same command, each renamed into place when complete
+    assert (
+        "sha256sum /w/apex-wheel.tar.part | cut -c1-64 > /w/apex-wheel.tar.sha256.part"
+        in (result.commands[-1])
+    )
+    assert result.commands[-1].endswith("mv /w/apex-wheel.tar.sha256.part /w/apex-wheel.tar.sha256")
+    # issue 13: the build says where its log is and how long it took
+    assert "apex build took" in build and "/w/build.log" in build and "start=$(date +%s)" in build
+    assert any("log on this host at /w/build.log" in line for line in result.logs)
+
+
+def test_build_wheel_cpu_torch_has_no_cuda_ext():
+    assert "--cuda_ext" not in " ".join(_build_op(cuda_ext=False).commands)
+
+
+def test_build_wheel_rebuilds_a_tar_this_run_has_no_sum_for():
+    """S8: a tar already in ~verl/.cache (the training user's) is not taken as the build."""
+    result = _build_op(tar={"size": 1})
+    assert any(" wheel " in c for c in result.commands) and not result.noops
+    assert result.commands[0].startswith("rm -rf /w/src /w/wheels /w/apex-wheel.tar ")
+    assert any("not trusted" in line for line in result.logs)
+
+
+def _wheel_tar(path, payload=b"compiled"):
+    """A tar of one apex-*.whl (a real zip), like the build's."""
+    import io
+    import tarfile
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("apex/__init__.py", payload)
+    data = buf.getvalue()
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("apex-0.1-cp310-cp310-linux_x86_64.whl")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+LOG_HOST = SimpleNamespace(name="lab1", log_styled=lambda *a, **k: None)
+
+
+def _fetch(tmp_path):
+    local = str(tmp_path / "ctl" / "apex-wheel.tar")
+    result = run_op(
+        apex.fetch_wheel,
+        remote_tar="/w/apex-wheel.tar",
+        local_tar=local,
+        facts={},
+        default_facts=True,
+    )
+    return local, result
+
+
+def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
+    local, result = _fetch(tmp_path)
+    assert result.commands[-1] == "function _record"
+    assert not any(c.endswith(f"{local}") and "download" in c for c in result.commands)
+    record = result.functions[-1].function
+    os.makedirs(os.path.dirname(local), exist_ok=True)  # files.get may have made it
+    # the copy was cut short: the builder's sum does not match, nothing is recorded
+    _wheel_tar(local + ".part")
+    full = apex_build.sha256_of(local + ".part")
+    with open(local + ".part", "r+b") as handle:
+        handle.truncate(1000)
+    open(local + ".part.sha256", "w").write(full + "\n")
+    assert record(None, LOG_HOST) is False
+    assert not os.path.exists(local) and not os.path.exists(local + ".sha256")
+    # a complete copy: renamed into place, its sum recorded next to it
+    _wheel_tar(local + ".part")
+    open(local + ".part.sha256", "w").write(full + "\n")
+    assert record(None, LOG_HOST) is True
+    assert apex_build.controller_wheel_ok(local) == (
+        True,
+        f"{local} matches its recorded sha256 {full}",
+    )
+
+
+def test_controller_tar_whose_recorded_sum_does_not_match_is_refused(tmp_path):
+    """S8: the controller's copy swapped (or cut) after its sum was recorded."""
+    local = _wheel_tar(str(tmp_path / "apex-wheel.tar"))
+    open(local + ".sha256", "w").write(apex_build.sha256_of(local) + "  apex-wheel.tar\n")
+    assert apex_build.controller_wheel_ok(local)[0]
+    _wheel_tar(local, payload=b"someone else's code")
+    ok, why = apex_build.controller_wheel_ok(local)
+    assert not ok and "recorded sum" in why
+    result = _put(local)
+    assert result.commands[0] == "function _refuse"
+    assert result.functions[0].function(None, LOG_HOST) is False
+    os.unlink(local + ".sha256")  # a tar with no recorded sum is not trusted either
+    assert not apex_build.controller_wheel_ok(local)[0]
+
+
+def test_host_checks_the_tar_against_the_controllers_sum_before_pip_install(tmp_path):
+    result = _install("OLD", {"apex": Dist("0.1")})
+    check = result.commands[0]
+    assert check.index("sha256sum /w/apex-wheel.tar") < check.index("tar -xf")
+    assert "pip" not in check and "pip" in result.commands[1]
+    # run it: the host's tar against the controller's sum (paths moved under tmp_path)
+    tar, record = str(tmp_path / "apex-wheel.tar"), str(tmp_path / "apex-K.sha256")
+    cmd = check.replace("/var/cache/p40fleet/apex-K.sha256", record).replace("/w/", f"{tmp_path}/")
+    _wheel_tar(tar)
+    open(record, "w").write(apex_build.sha256_of(tar) + "  apex-wheel.tar\n")
+    ok = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert os.listdir(tar + ".d") == ["apex-0.1-cp310-cp310-linux_x86_64.whl"]
+    with open(tar, "r+b") as handle:  # cut short on the way
+        handle.truncate(1000)
+    bad = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True)
+    assert bad.returncode == 1 and not os.path.exists(tar)  # refused; re-uploaded next run
+    assert "host lab1: apex install:" in bad.stderr
+    assert "cut short or swapped, refused" in bad.stderr and "fix: re-run" in bad.stderr
+
+
+def test_put_sum_uploads_the_controllers_record():
+    result = run_op(
+        apex.put_sum,
+        local_tar="/ctl/apex-wheel.tar",
+        remote_sum="/var/cache/p40fleet/apex-K.sha256",
+        facts={},
+        default_facts=True,
+    )
+    assert "upload /var/cache/p40fleet/apex-K.sha256" in result.commands
+
+
+def _install(recorded, dists, **kw):
+    return run_op(
+        apex.install,
+        python=PY,
+        wheel_tar="/w/apex-wheel.tar",
+        key="K",
+        env_dir=ENV,
+        sha256_file="/var/cache/p40fleet/apex-K.sha256",
+        facts={MarkerText: recorded, EnvDistributions: dists},
+        **kw,
+    )
+
+
+def test_apex_key_matches_is_noop():
+    assert not _install("K", {"apex": Dist("0.1")}).changed
+
+
+def test_apex_install_no_deps_and_records_key():
+    result = _install("OLD", {"apex": Dist("0.1")})
+    assert (
+        "install --no-deps --force-reinstall /w/apex-wheel.tar.d/apex-*.whl" in result.commands[1]
+    )
+    assert result.commands[-1] == f"printf '%s\\n' K > {ENV}/.p40fleet-apex-key"
+    assert _install("K", {"apex": Dist("0.1")}, fresh_env=True).changed
+
+
+def _put(local):
+    return run_op(
+        apex.put_wheel,
+        local_tar=local,
+        remote_tar="/w/apex-wheel.tar",
+        user="verl",
+        builder="lab1",
+        facts={File: None, Directory: None},
+        default_facts=True,
+    )
+
+
+def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
+    missing = str(tmp_path / "none.tar")
+    result = run_op(
+        apex.put_wheel,
+        local_tar=missing,
+        remote_tar="/w/apex-wheel.tar",
+        user="verl",
+        builder="lab1",
+        facts={File: None, Directory: None},
+        default_facts=True,
+    )
+    assert result.commands[0] == "function _refuse"
+    assert "upload /w/apex-wheel.tar" in result.commands
+    assert result.functions[0].function(None, LOG_HOST) is False

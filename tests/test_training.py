@@ -1,5 +1,6 @@
 """operations.training: staging decided from facts, the unpack script run for real, and the
-launch script planned from the model config read when the operation executes."""
+launch script planned from the model config read when the operation executes;
+operations.training_user: the training user."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import hashlib
 import subprocess
 
 import pytest
+from pyinfra.facts.files import Directory, File
+from pyinfra.facts.server import Groups, Os, Users, Which
 
 from facts.artifacts import ArtifactFile, ArtifactState
 from facts.host import FreeSpace, FreeSpaceInfo
 from facts.training import ModelConfig, StagedDir, StagedDirState
-from operations import training
+from operations import training, training_user
 from p40fleet.launch import LaunchError, plan_launch
 from p40fleet.spec import load_spec
 from p40fleet.training import MARKER
@@ -40,6 +43,7 @@ MODEL_DIR, DATA_DIR = "/home/verl/models/tiny-qwen2", "/home/verl/data/gsm8k-lab
 MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 DATA_FILES = ("test.parquet", "train.parquet")
 CACHE = "/var/cache/p40fleet"
+USER_FACTS = {Os: "Linux", Which: "/usr/sbin/useradd", Groups: [], File: None}
 
 
 def sh(command: str) -> subprocess.CompletedProcess:
@@ -247,3 +251,37 @@ def test_the_hosts_plan_is_made_from_its_own_facts():
     assert target.problem is None and target.model_path == MODEL_DIR
     assert "trainer.n_gpus_per_node=2" in target.overrides
     assert target.train_file == f"{DATA_DIR}/train.parquet"
+
+
+# -- training user (operations/training_user.py) --------------------------------------------------
+
+
+def _user(facts):
+    return run_op(
+        training_user.training_user,
+        user="verl",
+        uid=2001,
+        home="/home/verl",
+        facts={**USER_FACTS, **facts},
+    )
+
+
+def test_user_created_with_fixed_uid_and_home_from_skel():
+    result = _user({Users: {}, Directory: None})
+    assert result.commands[0] == "groupadd verl --gid 2001"
+    useradd = result.commands[1]
+    assert useradd.startswith("useradd ") and useradd.endswith(" verl")
+    assert "--uid 2001" in useradd and "-s /bin/bash" in useradd and "-m" in useradd.split()
+
+
+def test_user_after_reinstall_reuses_existing_home():
+    result = _user({Users: {}, Directory: {"user": 2001, "group": 2001, "mode": 755}})
+    useradd = next(c for c in result.commands if c.startswith("useradd"))
+    assert "-M" in useradd.split() and "-m" not in useradd.split()
+    assert not any("rm " in c for c in result.commands)
+
+
+def test_user_with_other_uid_is_refused():
+    users = {"verl": {"uid": 1500, "home": "/home/verl", "shell": "/bin/bash", "group": "verl"}}
+    result = _user({Users: users, Directory: None})
+    assert result.commands == ["function _fail"] and "uid 1500" in result.failures[0]

@@ -1,0 +1,231 @@
+"""Conda: facts/conda.py (commands never fail the host; outputs parse into states) and
+operations/conda.py (facts in, commands out, tests/opharness.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from facts.conda import (
+    CondaInstall,
+    CondaState,
+    CondaTos,
+    CondaTosState,
+    EnvDistributions,
+    EnvPython,
+    EnvPythonState,
+    MarkerText,
+    env_python,
+    normalize_name,
+)
+from operations import conda
+from tests.opharness import run_op
+from tests.pylayer import ME, PREFIX
+from tests.pylayer import sh as _sh
+
+# -- facts ---------------------------------------------------------------------------------
+
+
+def test_conda_states_parse():
+    fact = CondaInstall()
+    assert fact.process(["##p40fleet missing"]) == CondaState("missing")
+    assert fact.process(["##p40fleet broken"]) == CondaState("broken")
+    assert fact.process(["##p40fleet healthy conda 24.11.1"]) == CondaState("healthy", "24.11.1")
+    assert fact.process([]).state == "broken"
+
+
+def test_conda_fact_on_real_paths(tmp_path):
+    rc, out = _sh(CondaInstall().command(user=ME, prefix=str(tmp_path / "none")))
+    assert rc == 0 and CondaInstall().process(out).state == "missing"
+    (tmp_path / "p").mkdir()
+    rc, out = _sh(CondaInstall().command(user=ME, prefix=str(tmp_path / "p")))
+    assert rc == 0 and CondaInstall().process(out).state == "broken"
+    conda = tmp_path / "p" / "bin" / "conda"
+    conda.parent.mkdir()
+    conda.write_text("#!/bin/sh\necho conda 24.11.1\n")
+    conda.chmod(0o755)
+    rc, out = _sh(CondaInstall().command(user=ME, prefix=str(tmp_path / "p")))
+    assert CondaInstall().process(out) == CondaState("healthy", "24.11.1")
+
+
+def test_env_python_missing_broken_ok(tmp_path):
+    prefix = str(tmp_path)
+    fact = EnvPython()
+    rc, out = _sh(fact.command(user=ME, prefix=prefix, env_name="e"))
+    assert rc == 0 and fact.process(out).state == "missing"
+    bindir = tmp_path / "envs" / "e" / "bin"
+    bindir.mkdir(parents=True)
+    rc, out = _sh(fact.command(user=ME, prefix=prefix, env_name="e"))  # python deleted
+    state = fact.process(out)
+    assert rc == 0 and state.state == "broken" and state.detail
+    (bindir / "python").symlink_to(subprocess.check_output(["which", "python3"], text=True).strip())
+    rc, out = _sh(fact.command(user=ME, prefix=prefix, env_name="e"))
+    state = fact.process(out)
+    assert state.state == "ok" and state.version.count(".") == 2
+
+
+def test_env_distributions_real_interpreter():
+    python = sys.executable  # a real interpreter (a pyenv shim needs its environment)
+    rc, out = _sh(EnvDistributions().command(user=ME, python=python))
+    dists = EnvDistributions().process(out)
+    assert rc == 0 and "pyinfra" in dists and dists["pyinfra"].version
+
+
+def test_env_distributions_missing_python_and_editable():
+    rc, out = _sh(EnvDistributions().command(user=ME, python="/nonexistent/python"))
+    assert rc == 0 and EnvDistributions().process(out) == {}
+    line = json.dumps({"Verl": ["0.5.0", "/home/verl/verl"], "torch": ["2.6.0+cu118", None]})
+    dists = EnvDistributions().process([line])
+    assert dists["verl"].editable == "/home/verl/verl" and dists["torch"].editable is None
+    assert normalize_name("Torch_Audio.x") == "torch-audio-x"
+
+
+def test_marker_text(tmp_path):
+    fact = MarkerText()
+    rc, out = _sh(fact.command(user=ME, path=str(tmp_path / "k")))
+    assert rc == 0 and fact.process(out) is None
+    (tmp_path / "k").write_text("abc\n")
+    rc, out = _sh(fact.command(user=ME, path=str(tmp_path / "k")))
+    assert fact.process(out) == "abc"
+
+
+def test_env_python_path():
+    assert env_python("/home/verl/miniconda3/", "verl-p40") == (
+        "/home/verl/miniconda3/envs/verl-p40/bin/python"
+    )
+
+
+# -- miniconda / ToS / env -----------------------------------------------------------------
+
+
+def test_miniconda_fresh_broken_healthy():
+    inst = "/var/cache/p40fleet/Miniconda3.sh"
+    fresh = run_op(
+        conda.miniconda, installer=inst, prefix=PREFIX, facts={CondaInstall: CondaState("missing")}
+    )
+    assert fresh.commands == [f"bash {inst} -b -p {PREFIX}"]
+    broken = run_op(
+        conda.miniconda, installer=inst, prefix=PREFIX, facts={CondaInstall: CondaState("broken")}
+    )
+    assert broken.commands == [f"bash {inst} -b -u -p {PREFIX}"]
+    ok = run_op(
+        conda.miniconda,
+        installer=inst,
+        prefix=PREFIX,
+        facts={CondaInstall: CondaState("healthy", "24.11.1")},
+    )
+    assert not ok.changed and ok.noops
+
+
+ACCEPT = [
+    f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/main",
+    f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/r",
+]
+RECORD = (
+    "printf '%s\\n' https://repo.anaconda.com/pkgs/main https://repo.anaconda.com/pkgs/r > "
+    f"{PREFIX}/.p40fleet-conda-tos"
+)
+
+
+HEALTHY_25 = CondaState("healthy", "25.5.1")
+
+
+def _tos(tos, marker=None, conda_state=HEALTHY_25, **kw):
+    facts = {CondaInstall: conda_state, CondaTos: tos, MarkerText: marker}
+    return run_op(conda.conda_tos, prefix=PREFIX, policy="accept", facts=facts, **kw)
+
+
+def test_tos_accept_once_where_conda_has_the_plugin():
+    todo = _tos(CondaTosState("plugin"))
+    assert todo.commands == [*ACCEPT, RECORD]
+    done = _tos(CondaTosState("plugin"), marker="\n".join(conda.TOS_CHANNELS))
+    assert not done.changed and "already accepted" in done.noops[0]
+    half = _tos(CondaTosState("plugin"), marker=conda.TOS_CHANNELS[0])
+    assert half.commands == [*ACCEPT, RECORD]
+
+
+def test_tos_nothing_to_accept_on_the_pinned_24_11_1():
+    # Miniconda py310_24.11.1-0 predates conda-anaconda-tos: `conda tos` is an invalid choice,
+    # so running `conda tos accept` would fail the host; nothing runs.
+    result = _tos(CondaTosState("no-plugin"), conda_state=CondaState("healthy", "24.11.1"))
+    assert not result.changed
+    assert result.noops == [
+        f"conda 24.11.1 at {PREFIX} has no ToS plugin (conda-anaconda-tos): "
+        "the default channels need no acceptance"
+    ]
+
+
+def test_tos_decided_on_the_host_before_conda_is_installed():
+    result = _tos(CondaTosState("no-conda"), conda_state=CondaState("missing"))
+    (command,) = result.commands
+    assert command == (
+        f"if {PREFIX}/bin/conda tos --help >/dev/null 2>&1; then "
+        f"{ACCEPT[0]} && {ACCEPT[1]} && {RECORD} ; fi"
+    )
+    assert any("missing" in line for line in result.logs)
+    as_verl = _tos(CondaTosState("no-conda"), conda_state=CondaState("missing"), user="verl")
+    assert as_verl.commands[0].startswith("su -s /bin/sh verl -c 'if ")
+
+
+def test_tos_odd_failure_accepts_so_conda_says_why():
+    result = _tos(CondaTosState("unknown", "conda tos --help failed (rc=1): Traceback"))
+    assert result.commands == [*ACCEPT, RECORD]
+    assert any("Traceback" in line for line in result.logs)
+
+
+def test_tos_conda_forge_policy_needs_nothing():
+    forge = run_op(conda.conda_tos, prefix=PREFIX, policy="conda-forge")
+    assert not forge.changed and "conda-forge" in forge.noops[0]
+    default = run_op(conda.conda_tos, prefix=PREFIX)  # the default policy is conda-forge
+    assert not default.changed
+
+
+def _env(state, **kw):
+    return run_op(
+        conda.env,
+        prefix=PREFIX,
+        env_name="verl-p40",
+        python_version="3.10.12",
+        facts={EnvPython: state},
+        **kw,
+    )
+
+
+def test_healthy_env_kept():
+    result = _env(EnvPythonState("ok", "3.10.12"))
+    assert not result.changed and "healthy" in result.noops[0]
+
+
+def test_env_missing_created_with_channels():
+    result = _env(EnvPythonState("missing"), channels=conda.channel_args("conda-forge"))
+    assert result.commands == [
+        f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y "
+        "--override-channels -c conda-forge"
+    ]
+
+
+def test_deleted_env_python_removes_and_recreates_saying_why():
+    result = _env(EnvPythonState("broken", detail="No such file or directory"))
+    assert result.commands[0] == f"{PREFIX}/bin/conda env remove -n verl-p40 -y"
+    assert result.commands[-1] == f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y"
+    assert "broken" in result.logs[0]
+
+
+def test_wrong_python_version_recreates():
+    result = _env(EnvPythonState("ok", "3.11.2"))
+    assert "env remove" in result.commands[0] and "3.11.2" in result.logs[0]
+
+
+def test_commands_run_as_training_user_through_su():
+    result = run_op(
+        conda.env,
+        prefix=PREFIX,
+        env_name="verl-p40",
+        python_version="3.10.12",
+        user="verl",
+        facts={EnvPython: EnvPythonState("missing")},
+    )
+    assert result.commands == [
+        f"su -s /bin/sh verl -c '{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y'"
+    ]
