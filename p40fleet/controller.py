@@ -10,7 +10,7 @@ CACHE_ENV = "P40FLEET_CACHE"
 
 
 def cache_dir() -> Path:
-    """``$P40FLEET_CACHE``, else ``~/.cache/p40fleet`` (Apex wheels, fact plans)."""
+    """``$P40FLEET_CACHE``, else ``~/.cache/p40fleet`` (Apex wheels)."""
     return Path(os.path.expanduser(os.environ.get(CACHE_ENV) or "~/.cache/p40fleet"))
 
 

@@ -31,9 +31,8 @@ class ProbeTargets(NamedTuple):
     """What the probe looks at on one host: the stack's paths there, the pinned verl ref, the
     launch plan's model, data and overrides, and the training user the home is read as.
 
-    Frozen and hashable; a tuple of plain values, so the fact that takes it keeps a JSON-safe
-    argument (``p40fleet.factbatch`` batches only those, and stores them as plain tuples:
-    ``ProbeTargets(*value)`` rebuilds one).
+    Frozen and hashable (a tuple of plain values): the fact that takes it is one memo key in
+    ``facts.survey``, and ``ProbeTargets(*value)`` rebuilds one from a plain tuple.
     """
 
     cuda_dir: str
