@@ -17,34 +17,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pyinfra import host, inventory, local, state
-from pyinfra.api import Host
 
-from facts.gpu import PciGpus
-from facts.survey import ask
 from operations import launch, ray_cluster, training, training_user
 from operations.refuse import refused_hosts, validated_spec
-from operations.survey import survey_host
-from p40fleet.launch import ClusterShape, LaunchPlan, cluster_shape
-from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.launch import ClusterShape, LaunchPlan
+from p40fleet.spec import StackSpec
 from p40fleet.training import staged_dir
 
 
 def cluster() -> ClusterShape:
     """The Ray cluster's shape: every inventory host runs deploy/ray.py's member, except the
-    hosts this run refused or could not reach (they run no member)."""
+    hosts this run refused, refuses, or could not reach (they run no member)."""
     refused = refused_hosts()
     members = [h for h in inventory if h in inventory.get_active_hosts() and h.name not in refused]
-    return cluster_shape({member.name: _gpus_of(member) for member in members})
-
-
-def _gpus_of(member: Host) -> list:
-    """Another member's PCI GPUs, from its own survey (asked once per run; facts do not use the
-    host in context)."""
-    try:
-        survey_host(member, spec_for_host(member))
-    except SpecError:
-        pass  # refused: its PCI fact is asked on its own
-    return list(ask(member, PciGpus))
+    return ray_cluster.shape_of(members)
 
 
 def deploy(spec: StackSpec) -> None:

@@ -8,6 +8,8 @@ verify expects ``stack.ray.nodes`` nodes, else every host of the inventory.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable
+from typing import Any
 
 from pyinfra import host, inventory
 from pyinfra.api.exceptions import NoGroupError
@@ -15,12 +17,42 @@ from pyinfra.api.exceptions import NoGroupError
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
 from facts.survey import ask
+from operations.survey import survey_host
+from p40fleet.launch import ClusterShape, cluster_shape
 from p40fleet.ray import HEAD_GROUP, RayError, RayPlan, choose_head, plan_ray, ray_cli
-from p40fleet.spec import StackSpec
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification.check import FAIL, Check
 from p40fleet.verification.ray_checks import ray_checks
 
-__all__ = ["configured", "expected_nodes", "head_group", "plan_for_host", "verify_checks"]
+__all__ = [
+    "configured",
+    "expected_nodes",
+    "head_group",
+    "member_gpus",
+    "plan_for_host",
+    "shape_of",
+    "verify_checks",
+]
+
+
+def member_gpus(member: Any) -> list | None:
+    """A member's PCI GPUs, from its own survey (asked once per run; facts do not use the host
+    in context). None when its own spec or GPUs refuse it: its preflight refuses it and it runs
+    no member, whether or not its deploy code has run yet (pyinfra prepares hosts side by side,
+    so ``operations.refuse.refused_hosts`` may not know it yet)."""
+    try:
+        member_spec = spec_for_host(member)
+    except SpecError:
+        return None
+    survey_host(member, member_spec)
+    gpus = list(ask(member, PciGpus))
+    return gpus if member_spec.gpu_summary(gpus).ok else None
+
+
+def shape_of(members: Iterable[Any]) -> ClusterShape:
+    """The Ray cluster's shape over ``members`` (inventory hosts), the refused ones left out."""
+    nodes = {member.name: member_gpus(member) for member in members}
+    return cluster_shape({name: gpus for name, gpus in nodes.items() if gpus is not None})
 
 
 def head_group() -> list[str]:

@@ -85,3 +85,39 @@ def test_refusals_change_nothing():
     no_cli = run_op(ray.ray_member, plan=PLAN, facts=facts(cli=False))
     assert no_cli.commands == ["function _fail"]
     assert f"{RAY} is missing" in no_cli.failures[0] and "deploy/python.py" in no_cli.failures[0]
+
+
+class _Member:
+    """An inventory host as ray_cluster.shape_of reads it: a name, host data, its PCI fact."""
+
+    def __init__(self, name: str, devices: list[int]):
+        from facts.gpu import PciGpu
+        from p40fleet.gpu_catalog import lookup
+
+        self.name = name
+        self.data = {}
+        self.asked: list[type] = []
+        self._gpus = [
+            PciGpu(f"0000:0{i}:00.0", 0x10DE, d, 0x030200, 0x10DE, 0x11D9, lookup(d))
+            for i, d in enumerate(devices, 1)
+        ]
+
+    def get_fact(self, cls, **kwargs):
+        from facts.gpu import PciGpus
+
+        assert cls is PciGpus, cls
+        self.asked.append(cls)
+        return self._gpus
+
+
+def test_a_member_its_own_spec_refuses_is_not_in_the_cluster_before_its_preflight_ran():
+    """The demo's 2xH200 host (R525 refuses it) prepared after a P100 host: it must not size the
+    P100's launch plan, whether or not its own preflight has refused it yet (CI, 2026-12-01)."""
+    from operations import ray_cluster
+
+    p40, p100, h200 = 0x1B38, 0x15F8, 0x2335
+    members = [_Member("lab1", [p40] * 4), _Member("lab3", [p100]), _Member("lab4", [h200] * 2)]
+    shape = ray_cluster.shape_of(members)
+    assert dict(shape.node_gpus) == {"lab1": 4, "lab3": 1}
+    assert all(g.device_id != h200 for g in shape.gpus)
+    assert members[2].asked  # decided from its own facts, not from the order hosts ran in
