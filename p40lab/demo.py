@@ -11,6 +11,7 @@ driver R525 does not support the H200.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -73,7 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         f"the lab stays up: `{st.cli('status')}`, `{st.cli('ssh lab1')}`; "
         f"`{st.cli('down')}` stops it"
     )
-    return 0 if converged else 1
+    # Every host ends converged or refused (REFUSED by verify): a host that failed in the first
+    # run, or was changed by the second, is the demo failing, even when others converged.
+    try:
+        report = json.loads((st.LAB_DIR / "verify-report.json").read_text())
+        refused = {h for h, entry in report["hosts"].items() if entry["verdict"] == "REFUSED"}
+    except (OSError, ValueError, KeyError, AttributeError):
+        refused = set()
+    bad = sorted(
+        h for h in first.connected if h not in refused and (first.errors[h] or h not in converged)
+    )
+    if bad:
+        console.print(f"[bold red]not converged (and not refused): {', '.join(bad)}[/]")
+    return 0 if converged and not bad else 1
 
 
 if __name__ == "__main__":
