@@ -18,6 +18,7 @@ from facts.driver import InstalledDriverVersion, LoadedDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
 from facts.nouveau import NouveauLoaded
+from facts.survey import ask, install, part, survey
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 
 _ROWS_ATTR = "p40fleet_fact_rows"
@@ -48,17 +49,34 @@ def _survey() -> dict[str, str]:
         spec_problem = str(exc)
         spec = load_spec(host.name, {})
 
-    pci = host.get_fact(PciGpus)
-    smi = host.get_fact(NvidiaSmi)
+    # one command per host: every fact below from one survey
+    install(state)
+    survey(
+        host,
+        [
+            part(PciGpus),
+            part(NvidiaSmi),
+            part(KernelHeaders),
+            part(FreeSpace, path=spec.paths.artifact_cache),
+            part(InstalledDriverVersion),
+            part(LoadedDriverVersion),
+            part(LinuxDistribution),
+            part(Cpus),
+            part(MemTotal),
+            part(NouveauLoaded),
+        ],
+    )
+    pci = ask(host, PciGpus)
+    smi = ask(host, NvidiaSmi)
     gpus: list = list(pci)
     if not gpus and smi.ok:
         gpus = [g.pci_id for g in smi.gpus if g.pci_id is not None]
     summary = spec.gpu_summary(gpus)
 
-    kernel = host.get_fact(KernelHeaders)
-    space = host.get_fact(FreeSpace, path=spec.paths.artifact_cache)
-    installed = host.get_fact(InstalledDriverVersion)
-    loaded = host.get_fact(LoadedDriverVersion)
+    kernel = ask(host, KernelHeaders)
+    space = ask(host, FreeSpace, path=spec.paths.artifact_cache)
+    installed = ask(host, InstalledDriverVersion)
+    loaded = ask(host, LoadedDriverVersion)
     headers = "yes" if kernel.headers_installed else "no"
     verdict = summary.verdict
     if spec_problem:
@@ -69,15 +87,15 @@ def _survey() -> dict[str, str]:
     driver = f"installed {installed or 'no'}, loaded {loaded or 'no'}, nvidia-smi {smi.state}"
     return {
         "host": host.name,
-        "OS": os_label(host.get_fact(LinuxDistribution)),
+        "OS": os_label(ask(host, LinuxDistribution)),
         "kernel": f"{kernel.release or '?'} (headers {headers})",
-        "CPUs/RAM": f"{host.get_fact(Cpus) or '?'} / {_gib(host.get_fact(MemTotal))}",
+        "CPUs/RAM": f"{ask(host, Cpus) or '?'} / {_gib(ask(host, MemTotal))}",
         "cache free": _gib(space.available_bytes if space else None),
         "GPUs": summary.gpus_str if summary.gpu_count else "no NVIDIA GPU found",
         "cc": summary.capability_str,
         "profile": summary.profile or "-",
         "driver": f"R{summary.driver_branch}: {driver}",
-        "nouveau": "loaded" if host.get_fact(NouveauLoaded) else "not loaded",
+        "nouveau": "loaded" if ask(host, NouveauLoaded) else "not loaded",
         "verdict": verdict,
     }
 
