@@ -239,9 +239,8 @@ class Forget(BaseStateCallback):
         if book is None or op_hash not in state.ops[host]:
             return  # pyinfra skips this operation on this host
         previous, book.last_op = book.last_op, op_hash
-        if not state.should_check_for_changes():
-            cls._off(host)  # nothing says which operation changes: ask everything live
-            return
+        # will_change: found while preparing, or (pyinfra -y skips change detection) found now
+        # by pyinfra running the operation's body on the memo, which still holds here
         meta = state.get_op_data_for_host(host, op_hash).operation_meta
         if meta.will_change:
             cls._off(host)

@@ -109,6 +109,8 @@ def take(path: str = DEFAULT_PATH):
         return
     if not state.is_executing:
         return  # prepare stage (and --dry): the lock is taken when the run executes
+    if host.name in _set(_LOCKED_ATTR):
+        return  # taken by this run already (pyinfra may run this body twice at execution)
     command = StringCommand(run_lock.acquire_command(path, me, decision.stale_text))
     ok, output = host.run_shell_command(
         command, **_connector_arguments(host.current_op_global_arguments)
