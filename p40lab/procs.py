@@ -3,6 +3,7 @@ its boots and uptime, readiness, and the lab's processes on the controller."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,7 +72,8 @@ def stop_host(h: dict) -> None:
     recorded = [p for p in (sup, unshare_pid) if p]
     for pid in recorded:
         if st.pid_alive(pid):
-            os.kill(pid, signal.SIGTERM if pid == sup else signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it exited since the check
+                os.kill(pid, signal.SIGTERM if pid == sup else signal.SIGKILL)
     for pid in recorded:
         _reap(pid)
     left = _wait_gone(recorded, 3.0)
