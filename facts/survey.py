@@ -260,3 +260,9 @@ def install(state: Any) -> None:
     if _books(state) is None:
         setattr(state, _BOOKS_ATTR, {})
         state.add_callback_handler(Forget())
+
+
+def changed(host: Any) -> bool:
+    """Whether an operation of this run changed (or may have changed) ``host`` so far."""
+    book = _book(host)
+    return book is not None and book.live
