@@ -5,8 +5,9 @@
 
 One read-only probe per host (``facts.verify.VerifyProbe``) answers everything; the checks
 (``p40fleet.verification``) compare the answers with the stack spec, the host's PCI GPU facts
-and its launch plan (the training path: verl's trainer modules import, the plan's overrides
-compose with the host's verl, the model and data files the script names are there).
+and its launch plan (the training path: verl's trainer modules import, the overrides of the
+host's ~/launch-ppo.sh compose with the host's verl, the model and data files it names are
+there).
 After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) and, when
 ``$P40FLEET_REPORT`` names a file, the JSON report there.
 

@@ -9,7 +9,6 @@ header or :func:`p40fleet.verification.probe.parse_probe`.
 
 from __future__ import annotations
 
-import json
 import shlex
 from functools import lru_cache
 from pathlib import Path
@@ -60,7 +59,6 @@ def render_probe(targets: ProbeTargets) -> str:
     }
     return _template().render(
         **{**targets._asdict(), **paths},
-        overrides_json=json.dumps(list(targets.overrides)),
         as_user_fn=AS_USER_FN,
         smi_fields=SMI_FIELDS,
         smi_fields_r470=SMI_FIELDS_R470,

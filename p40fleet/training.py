@@ -93,11 +93,15 @@ class TrainingTarget:
     val_file: str
     overrides: tuple[str, ...] = ()
     problem: str | None = None
+    python: str | None = None  #: the interpreter the launch script runs
 
     @classmethod
     def from_plan(cls, plan) -> TrainingTarget:
         """From a ``p40fleet.launch.LaunchPlan``."""
-        return cls(plan.model_path, plan.train_file, plan.val_file, tuple(plan.overrides))
+        return cls(
+            plan.model_path, plan.train_file, plan.val_file, tuple(plan.overrides),
+            python=plan.python,
+        )  # fmt: skip
 
     @classmethod
     def unplanned(cls, spec: StackSpec, problem: str) -> TrainingTarget:

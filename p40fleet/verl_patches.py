@@ -104,6 +104,32 @@ _FA_WHY = (
     "imported helpers are only used when use_remove_padding=True, which Pascal config turns off"
 )
 
+
+def _flash_attn_import_guard(role: str, file: str) -> Rule:
+    """The actor's and the critic's module-level flash-attn import, made optional."""
+    return Rule(
+        id=f"{role}-flash-attn-import",
+        file=file,
+        old=(
+            "if is_cuda_available:\n"
+            "    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
+            " unpad_input\n"
+            "elif is_npu_available:\n"
+        ),
+        new=(
+            "if is_cuda_available:\n"
+            "    try:\n"
+            "        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
+            " unpad_input\n"
+            "    except ImportError:  # p40fleet pascal: no flash-attn; use_remove_padding=False\n"
+            "        index_first_axis = pad_input = rearrange = unpad_input = None\n"
+            "elif is_npu_available:\n"
+        ),
+        count=1,
+        why=f"The {role} " + _FA_WHY + ".",
+    )
+
+
 _V050_PASCAL: tuple[Rule, ...] = (
     Rule(
         id="actor-autocast-fp32",
@@ -114,27 +140,7 @@ _V050_PASCAL: tuple[Rule, ...] = (
         why="The actor forward pass runs under a hard-coded bf16 autocast that no config reaches; "
         "Pascal has no bf16 math, so autocast targets fp32.",
     ),
-    Rule(
-        id="actor-flash-attn-import",
-        file="verl/workers/actor/dp_actor.py",
-        old=(
-            "if is_cuda_available:\n"
-            "    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
-            " unpad_input\n"
-            "elif is_npu_available:\n"
-        ),
-        new=(
-            "if is_cuda_available:\n"
-            "    try:\n"
-            "        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
-            " unpad_input\n"
-            "    except ImportError:  # p40fleet pascal: no flash-attn; use_remove_padding=False\n"
-            "        index_first_axis = pad_input = rearrange = unpad_input = None\n"
-            "elif is_npu_available:\n"
-        ),
-        count=1,
-        why="The actor " + _FA_WHY + ".",
-    ),
+    _flash_attn_import_guard("actor", "verl/workers/actor/dp_actor.py"),
     Rule(
         id="critic-autocast-fp32",
         file="verl/workers/critic/dp_critic.py",
@@ -144,27 +150,7 @@ _V050_PASCAL: tuple[Rule, ...] = (
         why="The critic forward pass runs under a hard-coded bf16 autocast that no config "
         "reaches; Pascal has no bf16 math, so autocast targets fp32.",
     ),
-    Rule(
-        id="critic-flash-attn-import",
-        file="verl/workers/critic/dp_critic.py",
-        old=(
-            "if is_cuda_available:\n"
-            "    from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
-            " unpad_input\n"
-            "elif is_npu_available:\n"
-        ),
-        new=(
-            "if is_cuda_available:\n"
-            "    try:\n"
-            "        from flash_attn.bert_padding import index_first_axis, pad_input, rearrange,"
-            " unpad_input\n"
-            "    except ImportError:  # p40fleet pascal: no flash-attn; use_remove_padding=False\n"
-            "        index_first_axis = pad_input = rearrange = unpad_input = None\n"
-            "elif is_npu_available:\n"
-        ),
-        count=1,
-        why="The critic " + _FA_WHY + ".",
-    ),
+    _flash_attn_import_guard("critic", "verl/workers/critic/dp_critic.py"),
     Rule(
         id="hf-rollout-autocast-fp32",
         file="verl/workers/rollout/hf_rollout.py",

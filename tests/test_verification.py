@@ -42,15 +42,16 @@ TRAINER_MODULES = ("verl.trainer.main_ppo", "verl.workers.fsdp_workers",
                    "verl.workers.rollout.hf_rollout", "verl.utils.dataset.rl_dataset")  # fmt: skip
 
 
-def overrides_sha(overrides=OVERRIDES) -> str:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(list(overrides)).encode()).hexdigest()
+LAUNCH = "/home/verl/launch-ppo.sh"
 
 
 def compose_json(**over) -> list[str]:
-    answer = {"config_dir": "/home/verl/verl/verl/trainer/config", "count": len(OVERRIDES),
-              "sha256": overrides_sha(), "ok": True} | over  # fmt: skip
+    """The compose section: what ~/launch-ppo.sh runs (read from it) and whether it composes."""
+    answer = {"script": LAUNCH, "python": "/home/verl/miniconda3/envs/verl/bin/python",
+              "workdir": "/home/verl", "model_path": MODEL, "train_file": TRAIN, "val_file": VAL,
+              "entry_point": "verl.trainer.main_ppo",
+              "config_dir": "/home/verl/verl/verl/trainer/config", "count": len(OVERRIDES),
+              "ok": True} | over  # fmt: skip
     return ["@@json " + json.dumps(answer), "@@rc 0"]
 
 
@@ -429,10 +430,33 @@ def test_override_verl_refuses_is_named():
     assert "p40fleet/launch.py" in check.remedy
 
 
-def test_composed_overrides_must_be_the_plans():
-    checks = checks_for(sections(compose=compose_json(sha256=overrides_sha(["x=1"]))))
-    assert checks["launch overrides"].status == FAIL
-    assert "other overrides" in checks["launch overrides"].detail
+def test_a_launch_script_that_runs_other_inputs_than_the_plan_fails():
+    """The checks of the model and data look at the plan's paths: a script that reads other
+    ones (edited by hand, or left from an older plan) is not what verify looked at."""
+    other = "/home/verl/models/other"
+    checks = checks_for(sections(compose=compose_json(model_path=other)))
+    assert only_failures(checks) == {"launch overrides"}
+    check = checks["launch overrides"]
+    assert f"MODEL_PATH {other!r}" in check.detail and repr(MODEL) in check.detail
+    assert "deploy/training.py" in check.remedy and LAUNCH in check.remedy
+    target = replace(TARGET, python="/opt/env/bin/python")  # the plan's interpreter differs
+    check = checks_for(sections(), training=target)["launch overrides"]
+    assert (
+        check.status == FAIL and "PYTHON" in check.detail and "/opt/env/bin/python" in check.detail
+    )
+    moved = checks_for(sections(compose=compose_json(entry_point="verl.other")))
+    assert "python -m 'verl.other'" in moved["launch overrides"].detail
+
+
+def test_a_missing_or_foreign_launch_script_fails_with_the_training_fix():
+    gone = checks_for(sections(compose=compose_json(absent=True, ok=None)))["launch overrides"]
+    assert gone.status == FAIL and gone.detail == f"no launch script {LAUNCH}"
+    assert "deploy/training.py" in gone.remedy
+    odd = compose_json(unreadable="0 `exec \"$PYTHON\" -m` lines, not 1: not the script "
+                       "p40fleet writes", ok=None)  # fmt: skip
+    check = checks_for(sections(compose=odd))["launch overrides"]
+    assert check.status == FAIL and "not the script p40fleet writes" in check.detail
+    assert "deploy/training.py" in check.remedy
 
 
 def test_no_launch_plan_fails_with_the_reason():
@@ -621,7 +645,7 @@ def _fake_host(tmp: Path) -> dict[str, str]:
         "model_path": str(tmp / "models" / "m"),
         "train_file": str(tmp / "data" / "train.parquet"),
         "val_file": str(tmp / "data" / "test.parquet"),
-        "overrides": (),
+        "launch_script": str(tmp / "launch-ppo.sh"),
         # the test's own user: the probe's privilege drop runs without runuser then
         "user": getpass.getuser(),
     }
@@ -771,15 +795,34 @@ def _training_host(tmp: Path, params: dict) -> Path:
     return site
 
 
+def _write_launch_script(params: dict, plan, overrides) -> None:
+    """``params["launch_script"]`` as operations/launch.py renders files/launch-ppo.sh.j2 for
+    ``plan``, with the fake host's paths and these overrides."""
+    import shlex
+
+    import jinja2
+
+    from operations.launch import TEMPLATE
+
+    q = shlex.quote
+    values = plan.template_vars() | {
+        key: q(params[key]) for key in ("python", "model_path", "train_file", "val_file")
+    }
+    values["overrides"] = [q(o) for o in overrides]
+    text = jinja2.Template(Path(TEMPLATE).read_text(), keep_trailing_newline=True).render(values)
+    Path(params["launch_script"]).write_text(text)
+
+
 def test_real_probe_runs_the_training_path(tmp_path):
+    """The probe composes the overrides it reads from the launch script, not the plan's."""
     from p40fleet.launch import plan_launch
 
     params = _fake_host(tmp_path)
     site = _training_host(tmp_path, params)
     plan = plan_launch(SPEC, [0x1B38] * 2)
-    params["overrides"] = plan.overrides
+    _write_launch_script(params, plan, plan.overrides)
     target = TrainingTarget(params["model_path"], params["train_file"], params["val_file"],
-                            plan.overrides)  # fmt: skip
+                            plan.overrides, python=params["python"])  # fmt: skip
     proc = subprocess.run(
         ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
     )
@@ -793,16 +836,14 @@ def test_real_probe_runs_the_training_path(tmp_path):
 
     # one override verl does not have, a trainer module that needs a missing package, a
     # deleted data file: each FAIL names it
-    params["overrides"] = (*plan.overrides, "actor_rollout_ref.no_such_key=1")
-    bad_target = TrainingTarget(target.model_path, target.train_file, target.val_file,
-                                params["overrides"])  # fmt: skip
+    _write_launch_script(params, plan, (*plan.overrides, "actor_rollout_ref.no_such_key=1"))
     (site / "verl" / "trainer" / "main_ppo.py").write_text("import torchdata_not_here\n")
     Path(params["val_file"]).unlink()
     proc = subprocess.run(
         ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
     )
     answers = parse_probe(proc.stdout.splitlines())
-    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=bad_target)}
+    checks = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=target)}
     overrides = checks["launch overrides"]
     assert overrides.status == FAIL and overrides.detail.startswith(
         "actor_rollout_ref.no_such_key=1: "
@@ -866,6 +907,6 @@ def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():
     with pytest.raises(AttributeError):
         targets.user = "root"  # type: ignore[misc]
     assert targets.patch_record == f"{SPEC.env.verl_checkout}/{RECORD_NAME}"
-    assert (targets.model_path, targets.overrides) == (MODEL, OVERRIDES)
+    assert (targets.model_path, targets.launch_script) == (MODEL, f"{SPEC.user.home}/launch-ppo.sh")
     stored = json.loads(json.dumps(targets))
     assert VerifyProbe().command(stored) == VerifyProbe().command(targets) == render_probe(targets)

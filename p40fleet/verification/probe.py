@@ -29,7 +29,8 @@ __all__ = ["CheckContext", "ProbeAnswers", "ProbeTargets", "Section", "parse_pro
 
 class ProbeTargets(NamedTuple):
     """What the probe looks at on one host: the stack's paths there, the pinned verl ref, the
-    launch plan's model, data and overrides, and the training user the home is read as.
+    launch plan's model and data, the launch script whose overrides it composes, and the
+    training user the home is read as.
 
     Frozen and hashable (a tuple of plain values): the fact that takes it is one memo key in
     ``facts.survey``, and ``ProbeTargets(*value)`` rebuilds one from a plain tuple.
@@ -46,7 +47,7 @@ class ProbeTargets(NamedTuple):
     train_file: str
     val_file: str
     user: str
-    overrides: tuple[str, ...] = ()
+    launch_script: str
 
 
 _KV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")

@@ -3,12 +3,12 @@ modules, launch overrides, model and data files)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from p40fleet.launch import ENTRY_POINT
 from p40fleet.training import model_dir_problems
 from p40fleet.verification.check import (
     FAIL,
@@ -470,8 +470,9 @@ def trainer_modules(ctx: CheckContext) -> Check:
 
 
 def launch_overrides(ctx: CheckContext) -> Check:
-    import hashlib
-
+    """The overrides ``~/launch-ppo.sh`` passes compose with the installed verl's config, and
+    the script reads the model and data the other training checks looked at: what users run,
+    read from the script itself (not re-derived from the plan)."""
     name = "launch overrides"
     target = ctx.training
     if target is None:
@@ -486,16 +487,34 @@ def launch_overrides(ctx: CheckContext) -> Check:
     if problem is not None:
         return problem
     assert answer is not None
-    expected = hashlib.sha256(json.dumps(list(target.overrides)).encode()).hexdigest()
-    if answer.get("sha256") != expected:
+    script = answer.get("script")
+    rewrite = f"{_TRAINING} (it writes {script} from this host's plan)"
+    if answer.get("absent"):
+        return Check(name, FAIL, f"no launch script {script}", rewrite)
+    if answer.get("unreadable"):
+        return Check(name, FAIL, f"{script}: {answer['unreadable']}", rewrite)
+    planned = {
+        "python": target.python,
+        "entry_point": ENTRY_POINT,
+        "model_path": target.model_path,
+        "train_file": target.train_file,
+        "val_file": target.val_file,
+    }
+    drift = [
+        f"{key.upper() if key != 'entry_point' else 'python -m'} {answer.get(key)!r} "
+        f"(the plan: {path!r})"
+        for key, path in planned.items()
+        if path is not None and answer.get(key) != path
+    ]
+    if drift:
         return Check(
-            name, FAIL, "the probe composed other overrides than this host's launch plan",
-            "run verify again (the plan changed while it ran)",
+            name, FAIL, f"{script} does not run what this host's plan says: "
+            + "; ".join(drift), rewrite,
         )  # fmt: skip
     where = answer.get("config_dir")
     if answer.get("ok") is True:
         return Check(
-            name, PASS, f"{answer.get('count')} overrides of ~/launch-ppo.sh compose with "
+            name, PASS, f"{answer.get('count')} overrides of {script} compose with "
             f"verl's ppo_trainer config ({where}) and resolve",
         )  # fmt: skip
     fix = (
