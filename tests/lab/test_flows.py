@@ -237,17 +237,29 @@ def test_air_gapped_hosts_use_the_mirror_only_and_restore_its_apt_source(fleet):
     print(f"deploy/system.py --limit lab1 (apt source restored): {time.monotonic() - t0:.1f} s")
 
 
-def test_removed_data_file_fails_verify_then_is_restaged_from_the_cache(fleet):
+def test_removed_data_file_or_edited_launch_script_fails_verify_then_is_restored(fleet):
+    """lab1 loses a data file; lab2's ~/launch-ppo.sh gets an override verl lacks (verify reads
+    the script users run, not the plan it came from). One run of deploy/full.py repairs both."""
     lab, reports = fleet["lab"], fleet["reports"]
     data = f"/home/verl/data/{lab.state['stack']['training']['data']['name']}"
     lab.ssh("lab1", f"rm {data}/test.parquet", check=True)
+    script = lab.root("lab2") / "home/verl/launch-ppo.sh"
+    text = script.read_text()
+    assert text.count('    "$@"\n') == 1
+    script.write_text(
+        text.replace('    "$@"\n', '    actor_rollout_ref.no_such_key=1 \\\n    "$@"\n')
+    )
     verify = full(report=reports / "fault.json", deploy="deploy/verify.py")
     assert verify.returncode != 0
     print(f"deploy/verify.py (one probe per host, training path included): {verify.seconds:.1f} s")
     check = checks_of(reports / "fault.json", "lab1")["data files"]
     assert check["status"] == "FAIL" and check["detail"] == f"missing: {data}/test.parquet"
     assert "deploy/training.py" in check["remedy"]
-    assert checks_of(reports / "fault.json", "lab2")["data files"]["status"] == "PASS"
+    lab2 = checks_of(reports / "fault.json", "lab2")
+    assert lab2["data files"]["status"] == "PASS"
+    assert lab2["launch overrides"]["status"] == "FAIL", lab2["launch overrides"]
+    assert lab2["launch overrides"]["detail"].startswith("actor_rollout_ref.no_such_key=1: ")
+    assert checks_of(reports / "fault.json", "lab1")["launch overrides"]["status"] == "PASS"
     since = time.time()
     result = full()
     assert_converged(result)
@@ -256,6 +268,12 @@ def test_removed_data_file_fails_verify_then_is_restaged_from_the_cache(fleet):
         == [op for op in result.changed_operations("lab1") if "Training data" in op]
         != []
     )
+    assert (
+        result.changed_operations("lab2")
+        == [op for op in result.changed_operations("lab2") if "PPO launch script" in op]
+        != []
+    )
+    assert script.read_text() == text
     assert training_bytes(since) == 0  # unpacked again from the verified cache
     assert lab.ssh("lab1", f"test -s {data}/test.parquet").returncode == 0
 
