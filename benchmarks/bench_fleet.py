@@ -21,8 +21,10 @@ Numbers, per size and mode (medians of the timed runs):
   most any host got (facts and operations alike; a no-op uploads nothing). Target <= 3.
 * **controller CPU s per host**: user + system CPU of the pyinfra process and its children
   (``RUSAGE_CHILDREN`` of this process across the run) / hosts. Not counted: the lab's mirror
-  server (a separate process; a no-op downloads nothing), the kernel's network work. Target
-  <= 0.15.
+  server (a separate process; a no-op downloads nothing), the kernel's network work. With two
+  sizes or more, also **per added host**: (total at the largest size - total at the smallest) /
+  (difference in hosts), which leaves out what a run pays once (interpreter, imports, inventory,
+  spec). Target <= 0.15.
 * **host CPU s**: per lab host, user + system CPU of every process chrooted into that host's
   rootfs (``/proc/PID/root`` is the host's ``root`` in the lab state), with what their exited
   children used (``cutime + cstime``): the host's PID 1 is its sshd, which reaps each ssh
@@ -325,6 +327,19 @@ def main() -> int:
             doc.setdefault("noop_8_over_1", {})[mode] = ratio
             print(f"{mode}: no-op wall time 8 hosts / 1 host {ratio:.2f} "
                   f"{verdict(ratio, TARGET_SIZE_RATIO)}")  # fmt: skip
+    sizes = sorted(by_size)
+    if len(sizes) >= 2:
+        small, large = by_size[sizes[0]], by_size[sizes[-1]]
+        for mode in set(small["modes"]) & set(large["modes"]):
+            # What one more host costs the controller: the start-up (imports, inventory, spec)
+            # is paid once per run, so the slope between two sizes is the per-host figure.
+            total = {r["hosts"]: r["modes"][mode]["controller_cpu_per_host_s"] * r["hosts"]
+                     for r in (small, large)}  # fmt: skip
+            slope = (total[large["hosts"]] - total[small["hosts"]]) / (
+                large["hosts"] - small["hosts"])
+            doc.setdefault("controller_cpu_per_added_host_s", {})[mode] = slope
+            print(f"{mode}: controller CPU s per added host ({sizes[0]} -> {sizes[-1]} hosts) "
+                  f"{slope:.3f} {verdict(slope, TARGET_CONTROLLER_CPU)}")  # fmt: skip
         save()
     return 0
 

@@ -23,37 +23,62 @@ from operations import apex, apex_fleet, artifacts, conda, torch, training_user,
 from operations.refuse import refuse, validated_spec
 from p40fleet import apex_build, verl_patches
 from p40fleet.preflight import verl_refusal
+from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import StackSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = os.path.join(REPO, "files")
 
 
-def deploy(spec: StackSpec) -> None:
-    user, env = spec.user, spec.env
-    force = set(spec.policy.force_reinstall)
-    gpus = ask(host, PciGpus)
-    summary = spec.gpu_summary(gpus)
-    # 0. Refuse what cannot work: GPUs outside the stack; a ref without rules for this profile
-    # (62549582 on Pascal) is this host's refusal, not a VerlPatchError for the whole run.
+def refusal(spec: StackSpec, summary: HostGpuSummary) -> dict[str, str] | None:
+    """Why this host gets no Python layer (``refuse``'s arguments), or None: GPUs outside the
+    stack; a verl ref without rules for this profile (62549582 on Pascal: this host's
+    refusal, not a VerlPatchError for the whole run); no requirements file for the variant."""
     if not summary.ok:
-        refuse(
+        return dict(
             name="Refuse: Python layer",
             step="python layer",
             reason=f"GPUs {summary.gpus_str}: {summary.refused}",
             remedy="run deploy/facts.py and fix what it reports",
         )
-        return
     unserved = verl_refusal(spec.verl.ref, summary)
     if unserved is not None:
-        refuse(
+        return dict(
             name="Refuse: verl ref",
             step=unserved.step,
             reason=unserved.reason,
             remedy=unserved.remedy,
         )
-        return
+    if not os.path.isfile(requirements_file(spec)):
+        return dict(
+            name="Refuse: verl requirements",
+            step="verl requirements",
+            reason=f"{requirements_file(spec)} does not exist "
+            f"(variant {spec.requirements_variant!r})",
+            remedy="set stack.verl.requirements to a variant with a file in files/",
+        )
+    return None
 
+
+def requirements_file(spec: StackSpec) -> str:
+    return os.path.join(FILES, f"verl-requirements-{spec.requirements_variant}.txt")
+
+
+# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
+# The steps run at the file's top level, as in deploy/system.py.
+local.include("deploy/preflight.py")
+spec = validated_spec()
+refused = None
+if spec is not None:
+    gpus = ask(host, PciGpus)
+    summary = spec.gpu_summary(gpus)
+    refused = refusal(spec, summary)
+    if refused is not None:
+        refuse(**refused)
+
+if spec is not None and refused is None:
+    user, env = spec.user, spec.env
+    force = set(spec.policy.force_reinstall)
     # Commands run as the training user (su); facts run as root and drop to that user for
     # anything under its home (p40fleet/privdrop.py), answering "missing" while it does not
     # exist yet (a fresh host: facts are gathered before the user is created).
@@ -67,7 +92,7 @@ def deploy(spec: StackSpec) -> None:
         env.conda_prefix, env.name, spec.python_version, user.name, force="env" in force
     )
     variant = spec.requirements_variant
-    requirements = os.path.join(FILES, f"verl-requirements-{variant}.txt")
+    requirements = requirements_file(spec)
     build = spec.apex_build(gpus)
     key = build.key
     work = apex_build.host_work_dir(user.home, key)
@@ -220,14 +245,6 @@ def deploy(spec: StackSpec) -> None:
         checkout_changes=moving,
         **as_user,
     )
-    if not os.path.isfile(requirements):
-        refuse(
-            name="Refuse: verl requirements",
-            step="verl requirements",
-            reason=f"{requirements} does not exist (variant {variant!r})",
-            remedy="set stack.verl.requirements to a variant with a file in files/",
-        )
-        return
     verl.requirements(
         name=f"verl pinned deps ({variant})",
         python=python,
@@ -248,10 +265,3 @@ def deploy(spec: StackSpec) -> None:
         force="verl" in force,
         **as_user,
     )
-
-
-# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
-local.include("deploy/preflight.py")
-_spec = validated_spec()
-if _spec is not None:
-    deploy(_spec)

@@ -21,7 +21,6 @@ from pyinfra import host, inventory, local, state
 from operations import launch, ray_cluster, training, training_user
 from operations.refuse import refused_hosts, validated_spec
 from p40fleet.launch import ClusterShape, LaunchPlan
-from p40fleet.spec import StackSpec
 from p40fleet.training import staged_dir
 
 
@@ -33,7 +32,11 @@ def cluster() -> ClusterShape:
     return ray_cluster.shape_of(members)
 
 
-def deploy(spec: StackSpec) -> None:
+# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
+# The steps run at the file's top level, as in deploy/system.py.
+local.include("deploy/preflight.py")
+spec = validated_spec()
+if spec is not None:
     # 1. The model, then 2. the data: each unpacked once from its sha256-pinned archive.
     for which in ("model", "data"):
         archive = getattr(spec.training, which).archive
@@ -55,10 +58,3 @@ def deploy(spec: StackSpec) -> None:
         user_queued=host.name in training_user.queued_hosts(state),
         model_queued=training.needs_staging(spec, "model"),
     )
-
-
-# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
-local.include("deploy/preflight.py")
-_spec = validated_spec()
-if _spec is not None:
-    deploy(_spec)

@@ -26,6 +26,7 @@ import copy
 import functools
 import inspect
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,7 +153,7 @@ def _answer(fact: FactBase, status: str, lines: list[str]) -> tuple[bool, Any]:
         return False, None
 
 
-def survey(host: Any, parts: list[Part]) -> int:
+def survey(host: Any, parts: Sequence[Part]) -> int:
     """Ask every part not yet answered on ``host`` in one command; keep the answers.
 
     Returns how many parts were answered (0 without :func:`install`: nothing is asked).

@@ -222,14 +222,24 @@ def training_parts(spec: StackSpec) -> list[Part]:
     ]
 
 
-def layer_parts(spec: StackSpec, lock: str | None = None) -> list[Part]:
+#: ``layer_parts`` per (spec, lock): every deploy, the Ray shape and the Apex election ask a
+#: host's survey again (a no-op once answered), so the list is built once per spec object.
+_PARTS: dict[tuple[int, str | None], tuple[StackSpec, tuple[Part, ...]]] = {}
+
+
+def layer_parts(spec: StackSpec, lock: str | None = None) -> tuple[Part, ...]:
     """Every layer a run of these deploys uses (see the module doc)."""
-    return [
+    cached = _PARTS.get((id(spec), lock))
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    parts = (
         *preflight_parts(spec, lock),
         *system_parts(spec),
         *python_parts(spec),
         *training_parts(spec),
-    ]
+    )
+    _PARTS[(id(spec), lock)] = (spec, parts)  # the spec kept: its id is not reused
+    return parts
 
 
 def survey_host(target: Any, spec: StackSpec) -> int:

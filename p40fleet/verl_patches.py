@@ -18,6 +18,7 @@ Megatron code and ``verl/utils/torch_dtypes.py``. Dtype sites that config alread
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
@@ -343,6 +344,7 @@ def rule_set(ref: str, profile: str) -> RuleSet:
     return RuleSet(ref, profile, rs.rules, rs.supported, rs.reason)
 
 
+@functools.cache
 def ruleset_json(ref: str, profile: str) -> str:
     """The JSON the host-side applier takes (``--rules``)."""
     return json.dumps(rule_set(ref, profile).to_json_dict(), indent=2, sort_keys=True) + "\n"
