@@ -336,7 +336,8 @@ def main() -> int:
             total = {r["hosts"]: r["modes"][mode]["controller_cpu_per_host_s"] * r["hosts"]
                      for r in (small, large)}  # fmt: skip
             slope = (total[large["hosts"]] - total[small["hosts"]]) / (
-                large["hosts"] - small["hosts"])
+                large["hosts"] - small["hosts"]
+            )
             doc.setdefault("controller_cpu_per_added_host_s", {})[mode] = slope
             print(f"{mode}: controller CPU s per added host ({sizes[0]} -> {sizes[-1]} hosts) "
                   f"{slope:.3f} {verdict(slope, TARGET_CONTROLLER_CPU)}")  # fmt: skip
