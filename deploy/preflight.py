@@ -7,11 +7,14 @@ little space, artifacts missing from the mirror:
 a refused host fails here with the step, the cause and the fix; the others go on.
 
 First, for the whole run (idempotent, so every deploy can include this file): the guard for
-lost connections (``p40fleet.sshguard``), the fact memo (``facts.survey``) and one survey
-per host answering the facts of every layer (``operations.survey``).
+lost connections (``p40fleet.sshguard``), the fact memo (``facts.survey``), the deploy files'
+module entries that keep pyinfra's per-operation stack walk cheap (``p40fleet.deploy_frames``)
+and one survey per host answering the facts of every layer (``operations.survey``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pyinfra import host, state
 
@@ -25,11 +28,12 @@ from facts.survey import install as keep_facts
 from operations.artifacts import artifact_path
 from operations.refuse import refuse_host, validated_spec
 from operations.survey import survey_host
-from p40fleet import preflight, sshguard
+from p40fleet import deploy_frames, preflight, sshguard
 from p40fleet.spec import ARTIFACTS, SpecError, cuda_release_of, spec_for_host
 
 sshguard.install()
 keep_facts(state)
+deploy_frames.install(Path(__file__).parent)
 try:
     survey_host(host, spec_for_host(host))  # before the run lock's fact: in the same command
 except SpecError:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import pickle
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -120,12 +121,36 @@ class Survey(FactBase[dict[int, tuple[str, list[str]]]]):
 class _Book:
     """One host's answers in one run."""
 
-    memo: dict[Part, Any] = field(default_factory=dict)
+    memo: dict[Part, _Kept] = field(default_factory=dict)
     tried: set[Part] = field(default_factory=set)  # asked by a survey once: never again
     live: bool = False  # an operation changed (or may have changed) the host: ask live
     last_op: str | None = None
     # a host's facts are asked from several greenlets (another host's deploy may ask them)
     lock: gevent.lock.RLock = field(default_factory=gevent.lock.RLock)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """An answer as the memo keeps it: pickled, so that every ask gets its own copy.
+
+    Unpickling copies an answer several times faster than ``copy.deepcopy`` (about 170 asks
+    per host in a no-op run); an answer pickle cannot take is kept and served by deepcopy.
+    """
+
+    pickled: bytes | None
+    data: Any = None
+
+    @classmethod
+    def of(cls, data: Any) -> _Kept:
+        try:
+            return cls(pickle.dumps(data, pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001 - not picklable (a lambda, a lock): copy it instead
+            return cls(None, copy.deepcopy(data))
+
+    def copy(self) -> Any:
+        if self.pickled is None:
+            return copy.deepcopy(self.data)
+        return pickle.loads(self.pickled)  # noqa: S301 - bytes this process pickled itself
 
 
 def _books(state: Any) -> dict[str, _Book] | None:
@@ -191,7 +216,7 @@ def survey(host: Any, parts: Sequence[Part]) -> int:
             if index in sections:
                 keep, data = _answer(fact, *sections[index])
                 if keep:
-                    book.memo[memo_key] = data
+                    book.memo[memo_key] = _Kept.of(data)
                     kept += 1
         logger.debug(f"{host.print_prefix}survey: {kept}/{len(todo)} facts in one command")
         return kept
@@ -205,10 +230,10 @@ def ask(host: Any, cls: type, **kwargs: Any) -> Any:
     memo_key = key(cls, kwargs)
     with book.lock:
         if not book.live and memo_key in book.memo:
-            return copy.deepcopy(book.memo[memo_key])
+            return book.memo[memo_key].copy()
         data = host.get_fact(cls, **kwargs)
         if not book.live and host not in host.state.failed_hosts:
-            book.memo[memo_key] = copy.deepcopy(data)
+            book.memo[memo_key] = _Kept.of(data)
         return data
 
 

@@ -222,3 +222,31 @@ def test_pyinfra_is_pinned_to_the_minor_version_the_tests_run():
     text = (REPO / "pyproject.toml").read_text()
     major, minor = pyinfra.__version__.split(".")[:2]
     assert f'"pyinfra=={major}.{minor}.*"' in text
+
+
+class Mutable(FactBase):
+    def command(self) -> str:
+        return "echo a; echo b"
+
+    def process(self, output):
+        return {"lines": list(output)}
+
+
+class Unpicklable(FactBase):
+    def command(self) -> str:
+        return "echo a"
+
+    def process(self, output):
+        return {"line": output[0], "made_by": lambda: None}  # pickle refuses a lambda
+
+
+def test_every_ask_from_the_memo_gets_its_own_copy(local):
+    _, target, sent = local()
+    assert memo.survey(target, [memo.part(Mutable), memo.part(Unpicklable)]) == 2
+    first = memo.ask(target, Mutable)
+    first["lines"].append("changed by a caller")
+    assert memo.ask(target, Mutable) == {"lines": ["a", "b"]}
+    odd = memo.ask(target, Unpicklable)
+    odd["line"] = "changed by a caller"
+    assert memo.ask(target, Unpicklable)["line"] == "a"  # kept by deepcopy instead
+    assert len(sent) == 1

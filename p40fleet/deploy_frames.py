@@ -1,0 +1,42 @@
+"""Give each deploy file a module entry, so pyinfra's per-operation stack walk stays cheap.
+
+pyinfra's CLI orders operations by the call stack: every operation call, on every host, runs
+``inspect.stack()`` and then ``getframeinfo`` on each frame again. For a frame whose file no
+module claims — a deploy file, which pyinfra ``exec``s — ``inspect.getmodule`` finds nothing in
+its cache and scans all of ``sys.modules`` (some 850 modules on the controller), three times
+per frame. With ``deploy/full.py`` including a layer that is two such frames: 2.3 ms of
+controller CPU per operation, measured in a deploy on the lab, about 0.1 s per host of a
+no-op run. An entry in ``sys.modules`` whose ``__file__`` is the deploy file lets inspect answer
+from its cache: 0.4 ms. The entries are bare modules: nothing imports them and the deploy
+files still run only as pyinfra runs them.
+
+``install()`` is called explicitly by ``deploy/preflight.py`` (which every deploy includes),
+never on import. Idempotent.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+PREFIX = "p40fleet.deploy_frames."
+
+
+def module_name(path: Path) -> str:
+    """The ``sys.modules`` key standing for one deploy file."""
+    return PREFIX + path.stem
+
+
+def install(deploy_dir: Path) -> list[str]:
+    """Enter every ``*.py`` in ``deploy_dir`` into ``sys.modules``; returns the names added."""
+    added = []
+    for path in sorted(Path(deploy_dir).resolve().glob("*.py")):
+        name = module_name(path)
+        if name in sys.modules:
+            continue
+        module = types.ModuleType(name, f"Stands for {path} in inspect's module cache.")
+        module.__file__ = str(path)
+        sys.modules[name] = module
+        added.append(name)
+    return added
