@@ -8,8 +8,9 @@ a refused host fails here with the step, the cause and the fix; the others go on
 
 First, for the whole run (idempotent, so every deploy can include this file): the guard for
 lost connections (``p40fleet.sshguard``), the fact memo (``facts.survey``), the deploy files'
-module entries that keep pyinfra's per-operation stack walk cheap (``p40fleet.deploy_frames``)
-and one survey per host answering the facts of every layer (``operations.survey``).
+module entries that keep pyinfra's per-operation stack walk cheap (``p40fleet.deploy_frames``),
+an SSH transport that wakes once a second while it waits (``p40fleet.ssh_poll``) and one
+survey per host answering the facts of every layer (``operations.survey``).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from facts.survey import install as keep_facts
 from operations.artifacts import artifact_path
 from operations.refuse import refuse_host, validated_spec
 from operations.survey import survey_host
-from p40fleet import deploy_frames, preflight, sshguard
+from p40fleet import deploy_frames, preflight, ssh_poll, sshguard
 from p40fleet.spec import ARTIFACTS, SpecError, cuda_release_of, spec_for_host
 
 sshguard.install()
 keep_facts(state)
 deploy_frames.install(Path(__file__).parent)
+ssh_poll.slow_idle_wakes(host)
 try:
     survey_host(host, spec_for_host(host))  # before the run lock's fact: in the same command
 except SpecError:
