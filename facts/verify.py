@@ -17,6 +17,7 @@ import jinja2
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from facts.survey import one_write
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.verification.probe import ProbeAnswers, ProbeTargets, parse_probe
 
@@ -82,7 +83,8 @@ class VerifyProbe(FactBase[ProbeAnswers]):
     @override
     def command(self, targets: ProbeTargets) -> str:
         # a plain tuple when the fact batch replays a stored request: rebuilt by position
-        return render_probe(ProbeTargets(*targets))
+        # one write for all its sections: a few SSH packets, not hundreds (see one_write)
+        return one_write(render_probe(ProbeTargets(*targets))).get_raw_value()
 
     @override
     def process(self, output: list[str]) -> ProbeAnswers:

@@ -250,3 +250,30 @@ def test_every_ask_from_the_memo_gets_its_own_copy(local):
     odd["line"] = "changed by a caller"
     assert memo.ask(target, Unpicklable)["line"] == "a"  # kept by deepcopy instead
     assert len(sent) == 1
+
+
+def _chunks(command: str) -> tuple[list[bytes], int]:
+    """What ``sh -c command`` writes to a pipe, read by read() as it comes; and its status."""
+    proc = subprocess.Popen(["sh", "-c", command], stdout=subprocess.PIPE)
+    chunks = []
+    while chunk := proc.stdout.read1(65536):
+        chunks.append(chunk)
+    return chunks, proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [
+        ("echo a; sleep 0.3; printf 'b\\n\\n\\n'", 0),
+        ("echo a; sleep 0.3; printf b; exit 3", 3),
+        ("printf ''", 0),
+    ],
+)
+def test_one_write_sends_the_same_bytes_and_status_in_one_write(command, status):
+    plain, plain_status = _chunks(command)
+    held, held_status = _chunks(memo.one_write(command).get_raw_value())
+    assert (held_status, plain_status) == (status, status)
+    assert b"".join(held) == b"".join(plain)  # trailing newlines kept
+    assert len(held) <= 1
+    if b"".join(plain):
+        assert len(plain) == 2  # without it: one write per echo, each its own SSH packet
