@@ -811,6 +811,7 @@ def _write_launch_script(params: dict, plan, overrides) -> None:
     values["overrides"] = [q(o) for o in overrides]
     text = jinja2.Template(Path(TEMPLATE).read_text(), keep_trailing_newline=True).render(values)
     Path(params["launch_script"]).write_text(text)
+    Path(params["launch_script"]).chmod(0o755)  # as files.template(mode="755") leaves it
 
 
 def test_real_probe_runs_the_training_path(tmp_path):
@@ -833,6 +834,19 @@ def test_real_probe_runs_the_training_path(tmp_path):
         assert checks[name].status == PASS, (name, checks[name].detail, proc.stdout[-3000:])
     assert f"{len(plan.overrides)} overrides" in checks["launch overrides"].detail
     assert "(512 tokens)" in checks["model files"].detail
+
+    # the same script without its execute bit: users could not start it, so no PASS
+    Path(params["launch_script"]).chmod(0o644)
+    proc = subprocess.run(
+        ["sh", "-c", render_probe(ProbeTargets(**params))], capture_output=True, text=True
+    )
+    answers = parse_probe(proc.stdout.splitlines())
+    check = {c.name: c for c in run_checks(answers, SPEC, GPUS, training=target)}[
+        "launch overrides"
+    ]
+    assert check.status == FAIL and "not executable" in check.detail, check.detail
+    assert "deploy/training.py" in check.remedy
+    Path(params["launch_script"]).chmod(0o755)
 
     # one override verl does not have, a trainer module that needs a missing package, a
     # deleted data file: each FAIL names it
