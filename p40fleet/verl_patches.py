@@ -106,6 +106,19 @@ _FA_WHY = (
 )
 
 
+def _forward_autocast_fp32(role: str, file: str) -> Rule:
+    """The actor's and the critic's forward pass: their hard-coded bf16 autocast, made fp32."""
+    return Rule(
+        id=f"{role}-autocast-fp32",
+        file=file,
+        old="with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):",
+        new="with torch.autocast(device_type=self.device_name, dtype=torch.float32):",
+        count=1,
+        why=f"The {role} forward pass runs under a hard-coded bf16 autocast that no config "
+        "reaches; Pascal has no bf16 math, so autocast targets fp32.",
+    )
+
+
 def _flash_attn_import_guard(role: str, file: str) -> Rule:
     """The actor's and the critic's module-level flash-attn import, made optional."""
     return Rule(
@@ -132,25 +145,9 @@ def _flash_attn_import_guard(role: str, file: str) -> Rule:
 
 
 _V050_PASCAL: tuple[Rule, ...] = (
-    Rule(
-        id="actor-autocast-fp32",
-        file="verl/workers/actor/dp_actor.py",
-        old="with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):",
-        new="with torch.autocast(device_type=self.device_name, dtype=torch.float32):",
-        count=1,
-        why="The actor forward pass runs under a hard-coded bf16 autocast that no config reaches; "
-        "Pascal has no bf16 math, so autocast targets fp32.",
-    ),
+    _forward_autocast_fp32("actor", "verl/workers/actor/dp_actor.py"),
     _flash_attn_import_guard("actor", "verl/workers/actor/dp_actor.py"),
-    Rule(
-        id="critic-autocast-fp32",
-        file="verl/workers/critic/dp_critic.py",
-        old="with torch.autocast(device_type=self.device_name, dtype=torch.bfloat16):",
-        new="with torch.autocast(device_type=self.device_name, dtype=torch.float32):",
-        count=1,
-        why="The critic forward pass runs under a hard-coded bf16 autocast that no config "
-        "reaches; Pascal has no bf16 math, so autocast targets fp32.",
-    ),
+    _forward_autocast_fp32("critic", "verl/workers/critic/dp_critic.py"),
     _flash_attn_import_guard("critic", "verl/workers/critic/dp_critic.py"),
     Rule(
         id="hf-rollout-autocast-fp32",
