@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
          str(st.LAB_DIR / "verify-report.json")],
         cwd=runs.REPO,
     )  # fmt: skip
-    converged = [h for h in second.connected if not second.errors[h] and not second.changed[h]]
+    hosts = sorted(second.connected)  # in README's order, not the order they connected in
+    converged = [h for h in hosts if not second.errors[h] and not second.changed[h]]
     console.print(
         f"\n[bold]converged, second run unchanged:[/] {', '.join(converged) or 'none'}; "
-        f"refused or failed: {', '.join(h for h in second.connected if second.errors[h]) or 'none'}"
+        f"refused or failed: {', '.join(h for h in hosts if second.errors[h]) or 'none'}"
         f"; verify exit {verify.returncode} (report {st.LAB_DIR / 'verify-report.json'})"
     )
     console.print(
