@@ -18,7 +18,7 @@ LAB_GPUS ?= 4xP40,8xP40,1xP100,2xH200
 APT_PACKAGES := mmdebstrap iproute2 openssh-client git xz-utils dpkg-dev gcc libc6-dev kmod \
 	curl ca-certificates python3-venv python3-pip
 
-.PHONY: demo test lint setup system-packages lab-up lab-down bench
+.PHONY: demo test lint setup system-packages bytecode lab-up lab-down bench
 
 # .venv/bin first on PATH, as an activated venv has it: tools and tests that run `python3` by
 # name (tests/test_conda.py, tests/test_verl.py) get the project's interpreter, not a system
@@ -34,7 +34,7 @@ test: setup
 lint: setup
 	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
 
-setup: system-packages $(STAMP)
+setup: system-packages $(STAMP) bytecode
 
 system-packages:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -64,6 +64,14 @@ $(VENV_CFG): | system-packages
 $(STAMP): $(ROOT)/pyproject.toml $(VENV_CFG)
 	$(PY) -m pip install -q --disable-pip-version-check -e '$(ROOT)[dev]' wheel
 	touch $@
+
+# The packages a pyinfra run imports, compiled: pyinfra turns writing bytecode off
+# (sys.dont_write_bytecode), so without this every run compiles them from source again, 0.07 s
+# of controller CPU per run (8-host lab, named no-op). An editable install compiles nothing;
+# compileall skips what is up to date. Deploy and inventory files are exec'd: always source.
+BYTECODE_DIRS := facts operations p40fleet p40lab
+bytecode: $(STAMP)
+	@cd $(ROOT) && $(PY) -m compileall -q $(BYTECODE_DIRS) >/dev/null
 
 lab-up: setup
 	cd $(ROOT) && $(PY) -m p40lab up --gpus $(LAB_GPUS)

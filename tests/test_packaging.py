@@ -6,6 +6,7 @@ The wheel is built offline from a copy of the checkout (``pip wheel --no-deps
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -114,3 +115,31 @@ def test_short_citations_name_the_file():
         if bare.search(line)
     ]
     assert not offenders, offenders
+
+
+def test_setup_compiles_what_a_pyinfra_run_imports(tmp_path):
+    """``make setup`` leaves bytecode for the packages pyinfra imports (it writes none itself)."""
+    for package in ("facts", "operations", "p40fleet", "p40lab"):
+        skip = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(REPO / package, tmp_path / package, ignore=skip)
+    # STAMP= : the venv step is not this test's (it would pip install)
+    make = ["make", "-s", "-f", str(REPO / "Makefile"), f"ROOT={tmp_path}", f"PY={sys.executable}",
+            "STAMP="]  # fmt: skip
+    planned = subprocess.run([*make, "-n", "setup"], capture_output=True, text=True)
+    assert "compileall" in planned.stdout, planned.stdout + planned.stderr
+    done = subprocess.run([*make, "bytecode"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    sources = sorted(tmp_path.rglob("*.py"))
+    assert len(sources) > 50
+    stale = []
+    for source in sources:
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        # a pyc header: magic, flags, then the source's mtime and size it was compiled from
+        header = cached.read_bytes()[:16] if cached.exists() else b""
+        fresh = (
+            header[:4] == importlib.util.MAGIC_NUMBER
+            and int.from_bytes(header[8:12], "little") == int(source.stat().st_mtime) & 0xFFFFFFFF
+        )
+        if not fresh:
+            stale.append(str(source.relative_to(tmp_path)))
+    assert not stale, stale
