@@ -1,6 +1,6 @@
 """What pyinfra itself costs a named no-op run on this machine, with nothing of p40fleet in it.
 
-    python benchmarks/bench_pyinfra_floor.py [--hosts 8] [--repeat 3] [--host-cpu 1.12]
+    python benchmarks/bench_pyinfra_floor.py [--hosts 8] [--repeat 3] [--host-cpu 1.12] [--named]
                                              [--ops 1,19,18,3] [--instance floor] [--json PATH]
 
 ``benchmarks/bench_fleet.py`` measures the named no-op run (``pyinfra -y INV deploy/preflight.py
@@ -19,6 +19,10 @@ the same SSH, the same measuring as bench_fleet (its functions): wall time, cont
 Two shapes: ``ops`` (the operations above) and ``bare`` (the fact, the take and the release
 only): what the no-op operations alone add. The shell loop is calibrated on the lab first (two
 warm-up runs, a line through them), then checked: the printed host CPU is what was measured.
+With ``--named`` the lab is converged by ``deploy/full.py`` first and a third shape, ``named``,
+is the real named no-op run (bench_fleet's ``noop_run``: it must change nothing); the loop then
+burns the host CPU that run measured, and the shapes' timed runs are interleaved, so the three
+are compared on one lab at one time (the 8-host converge leaves the machine busy for a while).
 
 Needs root; a lab instance of its own (``--instance``, default ``floor``: hosts up, nothing
 installed on them; down at the end). Nothing is asserted; numbers are printed.
@@ -127,12 +131,27 @@ def calibrate(where: Path, deploys: list[str], host_cpu: float) -> int:
     return max(0, round(low + (host_cpu - at_low) / per_loop))
 
 
+def named_run() -> dict:
+    """The real named no-op run on the converged lab, measured by bench_fleet."""
+    _, numbers = fleet.noop_run("named", len(fleet.host_roots()))
+    numbers["host_cpu_per_host_s"] = numbers["host_cpu_total_s"] / len(numbers["host_cpu_s"])
+    return numbers
+
+
+def summary(runs: list[dict]) -> dict:
+    numbers = [k for k in runs[0] if isinstance(runs[0][k], int | float) and k != "hosts_settled"]
+    return {k: statistics.median(r[k] for r in runs) for k in numbers}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-cpu", type=float, default=1.12, help="host CPU s per host to burn")
     ap.add_argument("--ops", default="1,19,18,3", help="operations per host in each of the 4 files")
+    ap.add_argument("--named", action="store_true",
+                    help="converge the lab first and measure the real named no-op run too, "
+                         "interleaved; the shell loop then burns what it measured")  # fmt: skip
     ap.add_argument("--instance", default="floor", help="lab instance ('' = the default lab)")
     ap.add_argument("--json", type=Path, help="write the numbers here")
     args = ap.parse_args()
@@ -155,19 +174,34 @@ def main() -> int:
     try:
         fleet.lab("down")
         fleet.lab("up", "--gpus", ",".join(["4xP40"] * args.hosts))
+        shapes = ["bare", "ops"]
+        host_cpu = args.host_cpu
+        if args.named:
+            converge = fleet.runs.run("deploy/full.py")
+            if converge.returncode or len(converge.connected) != args.hosts:
+                raise SystemExit(f"the converging run failed:\n{converge.output[-3000:]}")
+            named_run()  # warm-up: the first no-op run after a converge is not timed
+            host_cpu = named_run()["host_cpu_per_host_s"]
+            shapes.insert(0, "named")
+        doc["host_cpu_target_s"] = host_cpu
         with tempfile.TemporaryDirectory(prefix="pyinfra-floor-") as tmp:
             where = Path(tmp)
             deploys = write_deploys(where, ops)
-            loops = calibrate(where, deploys, args.host_cpu)
+            loops = calibrate(where, deploys, host_cpu)
             doc["loops"] = loops
-            for shape in ("bare", "ops"):
+            measured: dict[str, list[dict]] = {shape: [] for shape in shapes}
+            for shape in shapes[1:]:
                 run_once(where, deploys, loops, shape)  # warm-up
-                runs = [run_once(where, deploys, loops, shape) for _ in range(args.repeat)]
-                numbers = [k for k in runs[0] if k != "hosts_settled"]
-                med = {k: statistics.median(r[k] for r in runs) for k in numbers}
+            for _ in range(args.repeat):  # interleaved: a load change hits every shape alike
+                for shape in shapes:
+                    measured[shape].append(
+                        named_run() if shape == "named" else run_once(where, deploys, loops, shape)
+                    )
+            for shape, runs in measured.items():
+                med = summary(runs)
                 ratios = ", ".join(f"{r['wall_over_floor']:.3f}" for r in runs)
                 doc["shapes"][shape] = {"median": med, "runs": runs}
-                print(f"  {shape:>4}: wall {med['wall_s']:.2f} s, controller CPU "
+                print(f"  {shape:>5}: wall {med['wall_s']:.2f} s, controller CPU "
                       f"{med['controller_cpu_s']:.2f} s ({med['controller_cpu_s'] / args.hosts:.3f}"
                       f" per host), host CPU {med['host_cpu_per_host_s']:.2f} s per host, floor "
                       f"{med['cpu_floor_s']:.2f} s, wall / floor {med['wall_over_floor']:.3f}"
