@@ -10,11 +10,13 @@ be compared: four deploy files named in one call, each host asked one fact comma
 file (as the survey is) that burns ``--host-cpu`` seconds of the host's CPU in a shell loop,
 then per host one operation sending a command (the run lock's take), ``--ops`` operations per
 file that do nothing (``server.shell(commands=[])``: "No changes"), and a last one sending a
-command (the lock's release). Defaults: 8 hosts, the named run's 1 + 19 + 18 + 3 operations per
-host (its "Starting operation" lines) and its 1.12 s of host CPU per host
-(``docs/measurements/bench-fleet-after.json``). The same inventory (``inventories/sim.py``),
-the same SSH, the same measuring as bench_fleet (its functions): wall time, controller CPU
-(the pyinfra process), host CPU (every process of each lab host), wall / floor.
+command (the lock's release). Defaults: 8 hosts, 42 operations per host as the named run has
+(its "Starting operation" lines: the lock's take, then 20 + 18 + 3; its release is a command
+sent after the last one, here an operation of its own: 1 + 19 + 18 + 3 + the release) and its
+1.12 s of host CPU per host (``docs/measurements/bench-fleet-after.json``). The same inventory
+(``inventories/sim.py``), the same SSH, the same measuring as bench_fleet (its functions): wall
+time, controller CPU (the pyinfra process), host CPU (every process of each lab host), wall /
+floor.
 
 Two shapes: ``ops`` (the operations above) and ``bare`` (the fact, the take and the release
 only): what the no-op operations alone add. The shell loop is calibrated on the lab first (two
