@@ -60,7 +60,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -78,6 +80,7 @@ TARGET_SIZE_RATIO = 1.3
 
 _COMMAND = re.compile(r"Running command on (?P<host>\S+): \(pty=\w+\) (?P<cmd>.*)")
 _TICK = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 def lab(*argv: str) -> None:
@@ -158,18 +161,41 @@ def cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def noop_run(mode: str, size: int, *args: str) -> tuple[runs.RunResult, dict]:
-    """One no-op run of ``mode``, measured; stops the benchmark when it was not a no-op."""
-    deploys = MODES[mode]
+def measured(run: Callable[[], tuple[T, float]]) -> tuple[T, dict]:
+    """``run()`` (which returns its result and its wall seconds) with this benchmark's numbers:
+    controller, host and machine CPU, the CPU floor and wall / floor (see the module doc)."""
     roots = host_roots()
     idle = host_processes(roots)
     m0, c0 = machine_cpu_seconds(), controller_cpu_seconds()
-    result = runs.run(deploys[0], *deploys[1:], *args)
+    result, wall = run()
     controller = controller_cpu_seconds() - c0
     settled = settle(roots, idle)
     machine = machine_cpu_seconds() - m0
     after = host_processes(roots)
     host_cpu = {h: sum(after[h].values()) - sum(idle[h].values()) for h in roots}
+    host_total = sum(host_cpu.values())
+    floor = host_total / cores()
+    return result, {
+        "wall_s": wall,
+        "controller_cpu_s": controller,
+        "host_cpu_s": host_cpu,
+        "host_cpu_total_s": host_total,
+        "cpu_floor_s": floor,
+        "wall_over_floor": wall / floor if floor else None,
+        "machine_cpu_s": machine,
+        "hosts_settled": settled,
+    }
+
+
+def noop_run(mode: str, size: int, *args: str) -> tuple[runs.RunResult, dict]:
+    """One no-op run of ``mode``, measured; stops the benchmark when it was not a no-op."""
+    deploys = MODES[mode]
+
+    def run() -> tuple[runs.RunResult, float]:
+        result = runs.run(deploys[0], *deploys[1:], *args)
+        return result, result.seconds
+
+    result, numbers = measured(run)
     changed = {h: result.changed[h] for h in result.connected if result.changed[h]}
     failed = {h: result.errors[h] for h in result.connected if result.errors[h]}
     if changed or failed or len(result.connected) != size or result.returncode:
@@ -178,19 +204,7 @@ def noop_run(mode: str, size: int, *args: str) -> tuple[runs.RunResult, dict]:
             f"{len(result.connected)} connected, changed {changed}, failed {failed})\n"
             f"{result.output[-3000:]}"
         )
-    host_total = sum(host_cpu.values())
-    floor = host_total / cores()
-    return result, {
-        "wall_s": result.seconds,
-        "controller_cpu_s": controller,
-        "host_cpu_s": host_cpu,
-        "host_cpu_total_s": host_total,
-        "cpu_floor_s": floor,
-        "wall_over_floor": result.seconds / floor if floor else None,
-        "machine_cpu_s": machine,
-        "hosts_settled": settled,
-        "bytes_served": result.bytes_served,
-    }
+    return result, {**numbers, "bytes_served": result.bytes_served}
 
 
 def measure_mode(mode: str, size: int, repeat: int) -> dict:

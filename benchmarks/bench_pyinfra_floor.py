@@ -47,6 +47,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_fleet as fleet  # noqa: E402
 
+from p40lab import runs  # noqa: E402
+
 FILES = ("preflight", "system", "python", "training")
 
 _FIRST = '''"""The first file: one fact command per host (as the survey), then the lock's take."""
@@ -89,8 +91,6 @@ def write_deploys(where: Path, ops: list[int]) -> list[str]:
 
 def run_once(where: Path, deploys: list[str], loops: int, shape: str) -> dict:
     """One run, measured as bench_fleet measures a no-op run."""
-    roots = fleet.host_roots()
-    idle = fleet.host_processes(roots)
     env = {
         **os.environ,
         "FLOOR_LOOPS": str(loops),
@@ -98,28 +98,24 @@ def run_once(where: Path, deploys: list[str], loops: int, shape: str) -> dict:
         "PYTHONPATH": str(REPO),
     }  # fmt: skip  (the inventory imports p40lab)
     pyinfra = str(Path(sys.executable).with_name("pyinfra"))
-    m0, c0, t0 = fleet.machine_cpu_seconds(), fleet.controller_cpu_seconds(), time.monotonic()
-    proc = subprocess.run([pyinfra, "-y", str(REPO / "inventories" / "sim.py"), *deploys],
-                          cwd=where, env=env, capture_output=True, text=True)  # fmt: skip
-    wall = time.monotonic() - t0
-    controller = fleet.controller_cpu_seconds() - c0
-    settled = fleet.settle(roots, idle)
-    machine = fleet.machine_cpu_seconds() - m0
-    after = fleet.host_processes(roots)
+
+    def run() -> tuple[subprocess.CompletedProcess, float]:
+        t0 = time.monotonic()
+        proc = subprocess.run([pyinfra, "-y", str(REPO / "inventories" / "sim.py"), *deploys],
+                              cwd=where, env=env, capture_output=True, text=True)  # fmt: skip
+        return proc, time.monotonic() - t0
+
+    proc, numbers = fleet.measured(run)
     if proc.returncode:
         raise SystemExit(f"pyinfra failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
                          f"{proc.stderr[-2000:]}")  # fmt: skip
-    host = {h: sum(after[h].values()) - sum(idle[h].values()) for h in roots}
-    total = sum(host.values())
+    return with_per_host(numbers)
+
+
+def with_per_host(numbers: dict) -> dict:
     return {
-        "wall_s": wall,
-        "controller_cpu_s": controller,
-        "host_cpu_per_host_s": total / len(roots),
-        "host_cpu_total_s": total,
-        "cpu_floor_s": total / fleet.cores(),
-        "wall_over_floor": wall / (total / fleet.cores()),
-        "machine_cpu_s": machine,
-        "hosts_settled": settled,
+        **numbers,
+        "host_cpu_per_host_s": numbers["host_cpu_total_s"] / len(numbers["host_cpu_s"]),
     }
 
 
@@ -135,14 +131,13 @@ def calibrate(where: Path, deploys: list[str], host_cpu: float) -> int:
 
 def named_run() -> dict:
     """The real named no-op run on the converged lab, measured by bench_fleet."""
-    _, numbers = fleet.noop_run("named", len(fleet.host_roots()))
-    numbers["host_cpu_per_host_s"] = numbers["host_cpu_total_s"] / len(numbers["host_cpu_s"])
-    return numbers
+    return with_per_host(fleet.noop_run("named", len(fleet.host_roots()))[1])
 
 
-def summary(runs: list[dict]) -> dict:
-    numbers = [k for k in runs[0] if isinstance(runs[0][k], int | float) and k != "hosts_settled"]
-    return {k: statistics.median(r[k] for r in runs) for k in numbers}
+def summary(timed: list[dict]) -> dict:
+    first = timed[0]
+    numbers = [k for k in first if isinstance(first[k], int | float) and k != "hosts_settled"]
+    return {k: statistics.median(r[k] for r in timed) for k in numbers}
 
 
 def main() -> int:
@@ -179,7 +174,7 @@ def main() -> int:
         shapes = ["bare", "ops"]
         host_cpu = args.host_cpu
         if args.named:
-            converge = fleet.runs.run("deploy/full.py")
+            converge = runs.run("deploy/full.py")
             if converge.returncode or len(converge.connected) != args.hosts:
                 raise SystemExit(f"the converging run failed:\n{converge.output[-3000:]}")
             named_run()  # warm-up: the first no-op run after a converge is not timed
@@ -199,10 +194,10 @@ def main() -> int:
                     measured[shape].append(
                         named_run() if shape == "named" else run_once(where, deploys, loops, shape)
                     )
-            for shape, runs in measured.items():
-                med = summary(runs)
-                ratios = ", ".join(f"{r['wall_over_floor']:.3f}" for r in runs)
-                doc["shapes"][shape] = {"median": med, "runs": runs}
+            for shape, timed in measured.items():
+                med = summary(timed)
+                ratios = ", ".join(f"{r['wall_over_floor']:.3f}" for r in timed)
+                doc["shapes"][shape] = {"median": med, "runs": timed}
                 print(f"  {shape:>5}: wall {med['wall_s']:.2f} s, controller CPU "
                       f"{med['controller_cpu_s']:.2f} s ({med['controller_cpu_s'] / args.hosts:.3f}"
                       f" per host), host CPU {med['host_cpu_per_host_s']:.2f} s per host, floor "
