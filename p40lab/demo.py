@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
          str(st.LAB_DIR / "verify-report.json")],
         cwd=runs.REPO,
     )  # fmt: skip
-    hosts = sorted(second.connected)  # in README's order, not the order they connected in
+    # in the lab's order (lab1, lab2, ...: README's), not the order the hosts connected in
+    order = [h["name"] for h in st.load().get("hosts", [])]
+    hosts = sorted(second.connected, key=lambda h: order.index(h) if h in order else len(order))
     converged = [h for h in hosts if not second.errors[h] and not second.changed[h]]
     console.print(
         f"\n[bold]converged, second run unchanged:[/] {', '.join(converged) or 'none'}; "
