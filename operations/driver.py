@@ -14,6 +14,7 @@ from pyinfra.operations import apt, server
 from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import KernelHeaders
+from facts.packages import DebInstalled
 from facts.survey import ask
 from operations import run_lock
 from operations.refuse import refuse
@@ -21,9 +22,12 @@ from p40fleet.profile import driver_branch, driver_supports
 
 __all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
 
-BUILD_TOOLS_PACKAGE = "build-essential"
-#: What the runfile calls (it stops naming the first one missing).
-BUILD_TOOLS = ("cc", "make", "ld")
+#: The Debian packages the runfile's DKMS build needs beside the running kernel's headers, each
+#: decided from its own dpkg state: a stock Ubuntu 20.04 server has none of them. Without
+#: ``dkms`` the runfile's ``--dkms`` skips DKMS silently and the first kernel update boots
+#: without ``nvidia.ko``; without pkg-config and libglvnd-dev it only warns (and guesses paths).
+BUILD_PACKAGES = ("dkms", "build-essential", "pkg-config", "libglvnd-dev")
+DKMS_PACKAGE = "dkms"
 REBOOT_DELAY_S = 2
 REBOOT_TIMEOUT_S = 600
 
@@ -65,23 +69,31 @@ def supported_gpus(version: str, require_gpu: bool = True):
     host.noop(f"driver R{branch} supports all {len(gpus)} GPU(s)")
 
 
+def apt_install(packages: list[str]):
+    """The one place this module builds apt commands: ``apt-get update`` then an install of
+    ``packages`` (pyinfra's ``apt.packages``, non-interactive)."""
+    yield from apt.packages._inner(packages=packages, update=True)
+
+
 @operation()
 def build_prereqs():
     """
-    Install what a DKMS build needs: ``linux-headers-$(uname -r)`` and build tools.
+    Install what a DKMS build of the driver needs: ``linux-headers-$(uname -r)`` and
+    :data:`BUILD_PACKAGES` (dkms, build-essential, pkg-config, libglvnd-dev), each one that
+    dpkg does not report installed.
 
     apt runs (with ``update``) only when something is missing.
     """
     kernel = ask(host, KernelHeaders)
+    installed = ask(host, DebInstalled, packages=BUILD_PACKAGES)
     missing = []
     if not kernel.headers_installed:
         missing.append(f"linux-headers-{kernel.release}")
-    if not all(ask(host, Which, command=tool) for tool in BUILD_TOOLS):
-        missing.append(BUILD_TOOLS_PACKAGE)
+    missing += [name for name in BUILD_PACKAGES if name not in installed]
     if not missing:
-        host.noop(f"headers for {kernel.release} and {', '.join(BUILD_TOOLS)} are installed")
+        host.noop(f"headers for {kernel.release} and {', '.join(BUILD_PACKAGES)} are installed")
         return
-    yield from apt.packages._inner(packages=missing, update=True)
+    yield from apt_install(missing)
 
 
 @operation()
@@ -96,6 +108,17 @@ def install(runfile: str, version: str, force: bool = False):
     installed = ask(host, InstalledDriverVersion)
     if installed == version and not force:
         host.noop(f"NVIDIA driver {version} is installed")
+        return
+    if not ask(host, Which, command="dkms"):
+        # The runfile would install anyway, unregistered: nothing rebuilds it for a new kernel.
+        yield from refuse._inner(
+            step=f"driver {version}",
+            reason=f"dkms is not installed (package {DKMS_PACKAGE}): the runfile's --dkms "
+            "would skip DKMS without an error and the next kernel update would boot without "
+            "nvidia.ko",
+            remedy=f"apt-get install {DKMS_PACKAGE} (the build prerequisites step installs it "
+            "from the host's apt sources: check they serve it), then re-run",
+        )
         return
     if installed and installed != version:
         host.log(f"replacing NVIDIA driver {installed} with {version}")

@@ -21,7 +21,7 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api.util import get_template
 from pyinfra.facts.files import Directory, File, Link, Sha1File
-from pyinfra.facts.server import Groups, Users, Which
+from pyinfra.facts.server import Groups, Users
 
 from facts.apt_source import AptSources
 from facts.artifacts import ArtifactState
@@ -40,6 +40,7 @@ from facts.driver import InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, LinuxDistribution, MemTotal
 from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
+from facts.packages import DebInstalled
 from facts.run_lock import RunLock
 from facts.survey import Part, ask, part, survey
 from facts.training import ModelConfig, StagedDir
@@ -130,7 +131,7 @@ def system_parts(spec: StackSpec) -> list[Part]:
         part(InitramfsMtime),
         part(NouveauLoaded),
         part(KernelHeaders),
-        *(part(Which, command=tool) for tool in driver.BUILD_TOOLS),
+        part(DebInstalled, packages=driver.BUILD_PACKAGES),
         part(InstalledDriverVersion),
         part(NvidiaSmi),
         part(Link, path=paths.cuda_link),

@@ -8,8 +8,13 @@ host's PID 1 with :data:`INIT_SCRIPT`. Paths, as seen inside the host (the doubl
   ``/etc/modprobe.d/`` has a ``blacklist nouveau`` line AND the initramfs was regenerated after
   that file: mtime of ``/var/lib/p40lab-sim/initramfs-updated`` (touched by the
   ``update-initramfs`` double) >= mtime of the blacklist file. A blacklist alone is not enough.
-* **nvidia** — loaded iff ``/lib/modules/$(uname -r)/updates/dkms/nvidia.ko`` exists (installed
-  by the driver double for the running kernel; ``uname -r`` inside = the controller's kernel) and
+* **kernel** — the release the host runs (:func:`booted_release`): the one ``/boot/p40lab-default-
+  kernel`` names when its ``/boot/vmlinuz-R`` is there (the mirror's ``linux-image-R`` writes it,
+  as update-grub makes the newest kernel the default), else the controller's. Written to
+  ``/run/p40lab-sim/kernel-release``, which the uname shim (``p40lab/doubles/uname-shim.c``)
+  answers from: ``uname -r``, modinfo and dkms inside say that release.
+* **nvidia** — loaded iff that kernel has an ``nvidia.ko`` (``/lib/modules/R/updates/dkms/``,
+  from dkms, or ``kernel/drivers/video/`` from a runfile install without DKMS) and
   nouveau is not loaded. Then ``/sys/module/nvidia/version`` = content of
   ``/var/lib/p40lab-sim/nvidia-module-version`` (``unknown`` if absent) and
   ``/run/p40lab-sim/nvidia-loaded`` holds the same version (the ``/proc/driver/nvidia/version``
@@ -44,6 +49,9 @@ POWEROFF_FLAG = f"{SIM_DIR}/poweroff"
 RUN_SIM_DIR = "run/p40lab-sim"
 NVIDIA_LOADED = f"{RUN_SIM_DIR}/nvidia-loaded"
 BOOT_D = "etc/p40lab-sim/boot.d"
+BOOT_DEFAULT = "boot/p40lab-default-kernel"
+KERNEL_RELEASE_FILE = f"{RUN_SIM_DIR}/kernel-release"
+_RELEASE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 _BLACKLIST = re.compile(r"^\s*blacklist\s+nouveau\s*(#.*)?$", re.MULTILINE)
 
@@ -52,8 +60,25 @@ def kernel_release() -> str:
     return os.uname().release
 
 
-def nvidia_ko(root: Path, release: str | None = None) -> Path:
-    return root / "lib/modules" / (release or kernel_release()) / "updates/dkms/nvidia.ko"
+def booted_release(root: Path) -> str:
+    """The kernel release the host boots: ``/boot/p40lab-default-kernel`` if that kernel's image
+    is installed, else the controller's (a host without a kernel update)."""
+    try:
+        release = (root / BOOT_DEFAULT).read_text().strip()
+    except OSError:
+        release = ""
+    if _RELEASE.fullmatch(release) and (root / f"boot/vmlinuz-{release}").is_file():
+        return release
+    return kernel_release()
+
+
+def nvidia_ko(root: Path, release: str | None = None) -> Path | None:
+    """The kernel's nvidia.ko: DKMS's (updates/dkms) or a runfile install's without DKMS."""
+    moddir = root / "lib/modules" / (release or kernel_release())
+    for rel in ("updates/dkms/nvidia.ko", "kernel/drivers/video/nvidia.ko"):
+        if (moddir / rel).exists():
+            return moddir / rel
+    return None
 
 
 def blacklist_files(root: Path) -> list[Path]:
@@ -90,11 +115,13 @@ def _set_module(sysroot: Path, name: str, loaded: bool, version: str | None = No
 
 
 def apply_hook(root: Path, modules_file: Path, release: str | None = None) -> dict:
-    """Decide the loaded modules for this boot; returns {"nouveau": bool, "nvidia": ver|None}."""
+    """Decide the kernel and the loaded modules for this boot; returns
+    ``{"kernel": release, "nouveau": bool, "nvidia": ver|None}``."""
+    release = release or booted_release(root)
     sysroot = root / "sys"
     nouveau = not nouveau_blacklisted(root)
     nvidia: str | None = None
-    if not nouveau and nvidia_ko(root, release).exists():
+    if not nouveau and nvidia_ko(root, release) is not None:
         try:
             nvidia = (root / NVIDIA_VERSION_FILE).read_text().strip() or "unknown"
         except OSError:
@@ -109,15 +136,15 @@ def apply_hook(root: Path, modules_file: Path, release: str | None = None) -> di
         lines.append("nvidia 39051264 0 - Live 0x0000000000000000 (POE)")
     modules_file.parent.mkdir(parents=True, exist_ok=True)
     modules_file.write_text("".join(line + "\n" for line in lines))
-    return {"nouveau": nouveau, "nvidia": nvidia}
+    return {"kernel": release, "nouveau": nouveau, "nvidia": nvidia}
 
 
 # PID 1's script, run by `unshare ... /bin/sh -ec INIT_SCRIPT lab-init ROOT NAME MODULES NVVER
-# BOOTNO` inside the host's netns + fresh mount/pid/uts/ipc/time namespaces (/proc of the new
+# BOOTNO KREL` inside the host's netns + fresh mount/pid/uts/ipc/time namespaces (/proc of the new
 # pid namespace already mounted at ROOT/proc by unshare --mount-proc). It ends by exec'ing sshd,
 # so sshd is PID 1: when it exits the supervisor boots the host again.
 INIT_SCRIPT = r"""
-R=$1; H=$2; MODULES=$3; NVVER=$4; BOOTNO=$5
+R=$1; H=$2; MODULES=$3; NVVER=$4; BOOTNO=$5; KREL=$6
 hostname "$H"
 mount -t tmpfs -o mode=755,size=4m,nosuid p40lab-dev "$R/dev"
 mknod -m 666 "$R/dev/null" c 1 3;  mknod -m 666 "$R/dev/zero" c 1 5
@@ -135,6 +162,7 @@ if [ -f "$R/proc/modules" ]; then mount --bind "$MODULES" "$R/proc/modules"; fi
 mount -t tmpfs -o mode=755,size=64m,nosuid,nodev p40lab-run "$R/run"
 mkdir -m 755 "$R/run/sshd" "$R/run/p40lab-sim" "$R/run/lock"
 echo "$BOOTNO" > "$R/run/p40lab-sim/boot"
+echo "$KREL" > "$R/run/p40lab-sim/kernel-release"
 # Ubuntu empties /tmp at every boot (systemd-tmpfiles: "D /tmp 1777 root root -")
 find "$R/tmp" -mindepth 1 -xdev -delete 2>/dev/null || true
 if [ -n "$NVVER" ]; then echo "$NVVER" > "$R/run/p40lab-sim/nvidia-loaded"; fi

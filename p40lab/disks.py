@@ -186,9 +186,9 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def install_system_doubles(root: Path) -> None:
-    """``p40lab.doubles.install_system_doubles`` into a host's disk (update-initramfs, dkms,
-    /lib/modules/<release>, apt sources = the distribution's archive, which a host cannot reach:
-    the deploy adds the mirror's).
+    """``p40lab.doubles.install_system_doubles`` into a host's disk (update-initramfs,
+    systemctl, the uname shim, /lib/modules/<release>, apt sources = the distribution's
+    archive, which a host cannot reach: the deploy adds the mirror's; no dkms).
 
     Per host (upper layer), not in the base: the base stays independent of the doubles, and a
     reinstall brings them back like a real Ubuntu install brings its tools."""

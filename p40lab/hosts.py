@@ -16,8 +16,9 @@ Host ``labN`` (``10.231.0.(10+N)``):
   controller's key in /root/.ssh/authorized_keys and for the non-root ``admin`` (sudo,
   NOPASSWD) and ``admin-pw`` (sudo asks for ``/var/lib/p40lab/admin-pw.sudo-password``),
   os-release (Ubuntu 20.04.6 focal unless ``--os debian12``),
-  the system doubles (``p40lab.doubles.install_system_doubles``: update-initramfs, dkms, apt
-  sources = the mirror), the fake PCI tree (:mod:`p40lab.fakehw`),
+  the system doubles (``p40lab.doubles.install_system_doubles``: update-initramfs,
+  systemctl, the uname shim, apt sources = the unreachable archive; no dkms: the deploy
+  installs it from the mirror), the fake PCI tree (:mod:`p40lab.fakehw`),
   ``/var/lib/p40lab-sim/hardware.json``,
   ``/lib/modules/$(uname -r)/`` with a ``build`` headers dir unless ``--no-headers``.
 * ``reinstall`` = OS reinstall: everything in the upper layer except ``/home`` is dropped and,

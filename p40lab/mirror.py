@@ -11,8 +11,10 @@ modules add ``simple/``, ``wheels/``, ``git/`` beside; this module owns ``artifa
     artifacts/Miniconda3-py310_24.11.1-0-Linux-x86_64.sh            installer double (no ToS plugin)
     artifacts/Miniconda3-py310_25.5.1-0-Linux-x86_64.sh             same, conda has `conda tos`
     artifacts/SHA256SUMS                               sha256sum format
-    apt/{Packages,Packages.gz,Release,*.deb}           flat repo: linux-headers-<uname -r>,
-                                                       build-essential
+    apt/{Packages,Packages.gz,Release,*.deb}           flat repo (p40lab.apt): build-essential,
+                                                       pkg-config, libglvnd-dev (Debian's),
+                                                       dkms (double), linux-headers-<uname -r>,
+                                                       a second kernel + its headers
     .p40lab-doubles.json                               stamp + pins (cache)
 
 Served at ``http://10.231.0.1:8111/`` (document root = mirror dir) by ``python -m p40lab.mirror
@@ -39,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from p40lab import apt, doubles, httpd, sim_stack, training_data
+from p40lab import apt, base, doubles, httpd, sim_stack, training_data
 from p40lab import state as _lab
 from p40lab.artifacts import pins as lab_pins
 from p40lab.artifacts.cuda import build_cuda
@@ -99,6 +101,7 @@ def _artifact(adir: Path, base_url: str, name: str, version: str) -> dict[str, A
 def _stamp(kernel_release: str, base_url: str, unpack_bytes: int) -> str:
     h = hashlib.sha256()
     h.update(f"{BUILD_VERSION}\n{kernel_release}\n{base_url}\n{unpack_bytes}\n".encode())
+    h.update(base.stamp_text().encode())  # the Debian packages' closure is over the base
     h.update(doubles.sources_hash().encode())
     for source in _BUILD_SOURCES:
         h.update(source.read_bytes())
@@ -111,8 +114,11 @@ def build(
     kernel_release: str | None = None,
     base_url: str = BASE_URL,
     unpack_bytes: int | None = None,
+    debian: bool = True,
 ) -> dict[str, Any]:
-    """Build artifacts/ and apt/ into ``mirror_dir`` (replacing only those) and return the pins."""
+    """Build artifacts/ and apt/ into ``mirror_dir`` (replacing only those) and return the pins.
+    ``debian``: also serve the real Debian build packages (downloaded once over the base image's
+    dpkg status; False for a repo without them, e.g. in unit tests)."""
     mirror_dir = Path(mirror_dir)
     kr = kernel_release or os.uname().release
     if unpack_bytes is None:
@@ -143,7 +149,14 @@ def build(
             f"{hashlib.sha256(products[n]).hexdigest()}  {n}\n" for n in sorted(products)
         )
         (adir / "SHA256SUMS").write_text(sums)
-        apt.build_apt(tmpd / "apt", kr, work)
+        debs = []
+        if debian:
+            debs = apt.fetch_debian(
+                apt.DEBIAN_PACKAGES,
+                _lab.BASE_DIR / "var/lib/dpkg/status",
+                _lab.CACHE_DIR / "downloads/debian-apt",
+            )
+        apt.build_apt(tmpd / "apt", kr, work, debs)
         for sub in ("artifacts", "apt"):
             old = mirror_dir / sub
             if old.exists():

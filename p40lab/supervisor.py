@@ -93,7 +93,10 @@ def main(argv: list[str]) -> int:
         flag = root / POWEROFF_FLAG
         flag.unlink(missing_ok=True)
         decision = apply_hook(root, rundir / "modules")
-        log(f"{name}: boot {boots}: nouveau={decision['nouveau']} nvidia={decision['nvidia']}")
+        log(
+            f"{name}: boot {boots}: kernel={decision['kernel']} nouveau={decision['nouveau']} "
+            f"nvidia={decision['nvidia']}"
+        )
         uptime = int(float(Path("/proc/uptime").read_text().split()[0]))
         cmd = [
             "ip", "netns", "exec", netns,
@@ -102,6 +105,7 @@ def main(argv: list[str]) -> int:
             "--time", "--boottime", f"-{uptime}",
             "/bin/sh", "-ec", INIT_SCRIPT, "p40lab-init",
             str(root), name, str(rundir / "modules"), decision["nvidia"] or "", str(boots),
+            decision["kernel"],
         ]  # fmt: skip
         proc = subprocess.Popen(cmd, env=CLEAN_ENV, stdin=subprocess.DEVNULL)
         child[:] = [proc]

@@ -33,7 +33,9 @@ needs_tools = pytest.mark.skipif(
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("mirror")
     # the default lab's URL, spelled out: the test session's lab instance has another one
-    pins = mirror.build(d, kernel_release="5.4.0-150-generic", base_url="http://10.231.0.1:8111")
+    pins = mirror.build(
+        d, kernel_release="5.4.0-150-generic", base_url="http://10.231.0.1:8111", debian=False
+    )
     return d, pins
 
 
@@ -162,12 +164,18 @@ def test_apt_repo_index(built):
     d, _ = built
     packages = (d / "apt/Packages").read_text()
     assert "Package: linux-headers-5.4.0-150-generic\n" in packages
-    assert "Package: build-essential\n" in packages
+    # the kernel update: a second release's image and headers
+    assert "Package: linux-image-5.4.0-150-generic-p40lab2\n" in packages
+    assert "Package: linux-headers-5.4.0-150-generic-p40lab2\n" in packages
+    # dkms is a package of the mirror (never in a host's image); build-essential comes from
+    # Debian's archive (debian=True, the lab's build), not a double
+    assert "Package: dkms\nVersion: 2.8.1-5ubuntu2+p40lab1\n" in packages
+    assert "Package: build-essential\n" not in packages
     for m in re.finditer(r"Filename: \./(\S+)\nSize: (\d+)\n.*\nSHA256: (\w+)", packages):
         data = (d / "apt" / m.group(1)).read_bytes()
         assert len(data) == int(m.group(2))
         assert hashlib.sha256(data).hexdigest() == m.group(3)
-    deb = next((d / "apt").glob("linux-headers-*.deb"))
+    deb = next((d / "apt").glob("linux-headers-5.4.0-150-generic_*.deb"))
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True).stdout
     assert "./lib/modules/5.4.0-150-generic/build -> /usr/src/linux-headers-5.4.0-150-generic" in (
         listing
@@ -307,7 +315,11 @@ def test_install_system_doubles(tmp_path):
     assert "10.231.0.1" not in sources
     assert not (tmp_path / "etc/apt/sources.list.d/debian.sources").exists()
     assert os.access(tmp_path / "usr/sbin/update-initramfs", os.X_OK)
-    assert os.access(tmp_path / "usr/sbin/dkms", os.X_OK)
+    # a stock Ubuntu 20.04 server has no dkms: the mirror's apt repo serves it
+    assert not (tmp_path / "usr/sbin/dkms").exists()
+    assert not (tmp_path / "var/lib/dkms").exists()
+    assert (tmp_path / "etc/ld.so.preload").read_text() == f"/{doubles.UNAME_SHIM}\n"
+    assert (tmp_path / doubles.UNAME_SHIM).read_bytes()[:4] == b"\x7fELF"
     assert (tmp_path / "usr/lib/modules/5.4.0-150-generic").is_dir()
     assert not (tmp_path / "usr/lib/modules/5.4.0-150-generic/build").exists()
 
@@ -326,6 +338,78 @@ def test_dkms_status_format(tmp_path):
     # "built" because /lib/modules/<kr>/updates/dkms/nvidia.ko is not on this controller
     assert f"nvidia/525.147.05, {kr}, x86_64: " in r.stdout
     assert "other/1.0: added" in r.stdout
+
+
+@needs_tools
+def test_dkms_package_holds_the_double_and_its_kernel_hooks(built):
+    d, _ = built
+    deb = d / "apt/dkms_2.8.1-5ubuntu2+p40lab1_all.deb"
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True).stdout
+    for path in (
+        "usr/sbin/dkms",
+        "etc/kernel/postinst.d/dkms",
+        "etc/kernel/header_postinst.d/dkms",
+    ):
+        assert re.search(rf"^-rwxr-xr-x .* \./{re.escape(path)}$", listing, re.M), listing
+    depends = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True
+    )
+    assert depends.stdout.strip() == "kmod, gcc | c-compiler, make"
+
+
+@needs_tools
+def test_second_kernel_image_runs_the_kernel_hooks_and_becomes_the_boot_default(built):
+    d, _ = built
+    deb = next((d / "apt").glob("linux-image-*-p40lab2_*.deb"))
+    script = subprocess.run(
+        ["dpkg-deb", "-I", str(deb), "postinst"], capture_output=True, text=True
+    ).stdout
+    kr2 = "5.4.0-150-generic-p40lab2"
+    assert f"run-parts --report --arg={kr2} --arg=/boot/vmlinuz-{kr2} /etc/kernel/postinst.d" in (
+        script
+    )
+    assert f"echo {kr2} > /boot/p40lab-default-kernel" in script
+    headers = next((d / "apt").glob(f"linux-headers-{kr2}_*.deb"))
+    script = subprocess.run(
+        ["dpkg-deb", "-I", str(headers), "postinst"], capture_output=True, text=True
+    ).stdout
+    assert f"--arg={kr2} --arg=/usr/src/linux-headers-{kr2} /etc/kernel/header_postinst.d" in (
+        script
+    )
+
+
+def test_booted_release_follows_the_installed_default_kernel(tmp_path):
+    from p40lab import boot
+
+    assert boot.booted_release(tmp_path) == os.uname().release
+    (tmp_path / "boot").mkdir()
+    (tmp_path / "boot/p40lab-default-kernel").write_text("5.4.0-99-generic\n")
+    assert boot.booted_release(tmp_path) == os.uname().release  # no image: not bootable
+    (tmp_path / "boot/vmlinuz-5.4.0-99-generic").write_text("x")
+    assert boot.booted_release(tmp_path) == "5.4.0-99-generic"
+    (tmp_path / "boot/p40lab-default-kernel").write_text("../../etc\n")
+    assert boot.booted_release(tmp_path) == os.uname().release
+    decision = boot.apply_hook(tmp_path, tmp_path / "modules", "5.4.0-99-generic")
+    assert decision == {"kernel": "5.4.0-99-generic", "nouveau": True, "nvidia": None}
+
+
+def _dkms(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, DKMS_TREE=str(tmp_path / "tree"))
+    return subprocess.run(
+        ["sh", str(doubles.DOUBLES_DIR / "dkms"), *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_dkms_double_refuses_to_build_for_a_kernel_without_its_build_tree(tmp_path):
+    r = _dkms(tmp_path, "build", "-m", "nvidia", "-v", "1.0", "-k", "0.0.0-p40lab-none")
+    # no source dir first: the same refusal order as dkms (source, then kernel)
+    assert r.returncode == 1 and "Could not find module source directory" in r.stderr
+    for step in ("build", "install", "autoinstall"):
+        r = _dkms(tmp_path, step, "nvidia/525.147.05", "-k", "0.0.0-p40lab-none")
+        if step == "autoinstall":
+            assert r.returncode == 0  # nothing AUTOINSTALL registered here
+        else:
+            assert r.returncode == 1, step
 
 
 def test_update_initramfs_usage_exit_code():
@@ -534,3 +618,36 @@ def test_server_logs_bytes(built, tmp_path):
         (404, "nope"),
     ]
     assert httpd.bytes_served(log, path_prefix="/artifacts/cudnn") == pins["cudnn"]["size"]
+
+
+def test_base_image_has_no_compiler_dkms_or_pkg_config():
+    """A stock Ubuntu 20.04 server has none of them: the deploy installs them from the mirror."""
+    from p40lab import base
+
+    for name in ("dkms", "gcc", "g++", "make", "pkg-config", "build-essential"):
+        assert name in base.NOT_IN_BASE
+        assert name not in base.PACKAGES
+    assert "dkms" not in doubles.SYSTEM_DOUBLES
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("gcc"),
+    reason="needs root, unshare and gcc",
+)
+def test_uname_shim_reports_the_release_the_host_booted(tmp_path):
+    shim = tmp_path / "shim.so"
+    shim.write_bytes(doubles.uname_shim())
+    real = os.uname().release
+    script = (
+        "mount -t tmpfs p40lab-test /run && mkdir /run/p40lab-sim && "
+        f"LD_PRELOAD={shim} uname -r && "
+        "echo 5.4.0-99-generic > /run/p40lab-sim/kernel-release && "
+        f"LD_PRELOAD={shim} uname -r && "
+        f"LD_PRELOAD={shim} python3 -c 'import os; print(os.uname().release)'"
+    )
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [real, "5.4.0-99-generic", "5.4.0-99-generic"]

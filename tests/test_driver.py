@@ -22,6 +22,7 @@ from facts.driver import (
 )
 from facts.gpu import PciGpu, PciGpus
 from facts.host import KernelHeaders, KernelInfo
+from facts.packages import DebInstalled
 from operations import driver
 from p40fleet.gpu_catalog import lookup
 from tests.opharness import at, run_op
@@ -76,46 +77,99 @@ def test_no_gpu_is_refused():
 # --- build_prereqs ---------------------------------------------------------------------------
 
 
-def test_prereqs_present_is_a_noop_without_apt_update():
-    r = run_op(
-        driver.build_prereqs,
-        facts={KernelHeaders: KernelInfo(KR, f"/lib/modules/{KR}/build", True), Which: "/x"},
-    )
-    assert r.commands == [] and r.noops
+HEADERS = KernelInfo(KR, f"/lib/modules/{KR}/build", True)
+NO_HEADERS = KernelInfo(KR, None, False)
+ALL_BUILD = frozenset(driver.BUILD_PACKAGES)
 
 
-def test_missing_headers_and_tools_installed_with_apt_update():
-    r = run_op(
+def prereqs(kernel: KernelInfo, installed: frozenset[str]):
+    return run_op(
         driver.build_prereqs,
         facts={
-            KernelHeaders: KernelInfo(KR, f"/lib/modules/{KR}/build", False),
-            at(Which, command="cc"): "/usr/bin/cc",
-            at(Which, command="make"): None,
-            at(Which, command="ld"): "/usr/bin/ld",
+            KernelHeaders: kernel,
+            at(DebInstalled, packages=driver.BUILD_PACKAGES): installed,
             DebPackages: {},
             AptSources: [],
         },
     )
+
+
+def test_build_packages_are_the_ones_a_stock_focal_server_lacks():
+    assert driver.BUILD_PACKAGES == ("dkms", "build-essential", "pkg-config", "libglvnd-dev")
+
+
+def test_prereqs_present_is_a_noop_without_apt_update():
+    r = prereqs(HEADERS, ALL_BUILD)
+    assert r.commands == [] and r.noops
+    assert "dkms" in r.noops[0] and KR in r.noops[0]
+
+
+def test_nothing_present_installs_headers_and_every_build_package_with_apt_update():
+    r = prereqs(NO_HEADERS, frozenset())
     assert r.commands[0] == "apt-get update"
-    assert r.commands[1].endswith(f"install linux-headers-{KR} build-essential")
+    assert r.commands[1].endswith(
+        f"install linux-headers-{KR} dkms build-essential pkg-config libglvnd-dev"
+    )
     assert "DEBIAN_FRONTEND=noninteractive" in r.commands[1]
 
 
+def test_only_dkms_missing_installs_it_although_headers_and_compilers_are_there():
+    r = prereqs(HEADERS, ALL_BUILD - {"dkms"})
+    assert r.commands[0] == "apt-get update"
+    assert r.commands[1].endswith(" install dkms")
+
+
 def test_only_headers_missing():
-    r = run_op(
-        driver.build_prereqs,
-        facts={KernelHeaders: KernelInfo(KR, None, False), Which: "/x", DebPackages: {}},
-    )
+    r = prereqs(NO_HEADERS, ALL_BUILD)
     assert r.commands[0] == "apt-get update"
     assert r.commands[1].endswith(f"install linux-headers-{KR}")
+
+
+def test_deb_installed_counts_only_fully_installed_packages():
+    lines = ["dkms ii ", "pkg-config rc ", "libglvnd-dev iU ", "build-essential ii"]
+    assert DebInstalled().process(lines) == {"dkms", "build-essential"}
+    assert DebInstalled().process([]) == frozenset()
+
+
+def test_deb_installed_command_quotes_names_and_never_fails():
+    command = DebInstalled().command(packages=("dkms", "g++")).get_raw_value()
+    assert command == (
+        "dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n' -- dkms g++ 2>/dev/null || true"
+    )
+    with pytest.raises(ValueError, match="not a Debian package name"):
+        DebInstalled().command(packages=("dkms; reboot",))
+
+
+def test_deb_installed_against_this_machines_dpkg():
+    command = DebInstalled().command(packages=("dpkg", "p40fleet-no-such-package"))
+    rc, lines = run_sh(command.get_raw_value())
+    assert rc == 0 and DebInstalled().process(lines) == {"dpkg"}
 
 
 # --- install ---------------------------------------------------------------------------------
 
 
 def test_fresh_install_runs_the_runfile_with_exact_flags():
-    r = run_op(driver.install, runfile=RUN, version=PIN, facts={InstalledDriverVersion: None})
+    r = run_op(
+        driver.install,
+        runfile=RUN,
+        version=PIN,
+        facts={InstalledDriverVersion: None, at(Which, command="dkms"): "/usr/sbin/dkms"},
+    )
     assert r.commands == [f"sh {RUN} --silent --dkms --no-questions --ui=none"]
+
+
+def test_install_without_dkms_is_refused_naming_the_package_and_the_fix():
+    r = run_op(
+        driver.install,
+        runfile=RUN,
+        version=PIN,
+        facts={InstalledDriverVersion: None, at(Which, command="dkms"): None},
+    )
+    assert r.commands == ["function _fail"]
+    (message,) = r.failures
+    assert f"driver {PIN}: dkms is not installed (package dkms)" in message
+    assert "fix: apt-get install dkms" in message
 
 
 def test_pinned_version_installed_is_a_noop():
@@ -125,7 +179,11 @@ def test_pinned_version_installed_is_a_noop():
 
 def test_force_reinstalls():
     r = run_op(
-        driver.install, runfile=RUN, version=PIN, force=True, facts={InstalledDriverVersion: PIN}
+        driver.install,
+        runfile=RUN,
+        version=PIN,
+        force=True,
+        facts={InstalledDriverVersion: PIN, at(Which, command="dkms"): "/usr/sbin/dkms"},
     )
     assert r.commands == [f"sh {RUN} --silent --dkms --no-questions --ui=none"]
 
@@ -149,7 +207,11 @@ def test_other_version_without_nvidia_uninstall_leaves_it_to_the_runfile():
         driver.install,
         runfile=RUN,
         version=PIN,
-        facts={InstalledDriverVersion: "520.61.05", Which: None},
+        facts={
+            InstalledDriverVersion: "520.61.05",
+            at(Which, command="dkms"): "/usr/sbin/dkms",
+            Which: None,
+        },
     )
     assert r.commands == [f"sh {RUN} --silent --dkms --no-questions --ui=none"]
     assert "replacing NVIDIA driver 520.61.05" in r.logs[0]

@@ -3,6 +3,10 @@
 # Real behaviour reproduced (docs/stack-facts.md §4):
 #  * -s/--silent implies --ui=none --no-questions; DKMS registration is on by default since R520
 #    (--no-dkms turns it off, --dkms forces it);
+#  * --dkms without dkms(8) on the host skips DKMS with only a log line (525's misc.c: "If
+#    dkms(8) or tar(1) are missing, there is nothing to do here"): the module is then installed
+#    for the running kernel only; with dkms it runs `dkms add/build/install` and fails when they
+#    do ("Failed to install the kernel module through DKMS ...");
 #  * needs a compiler (cc) and make, and the headers of the *running* kernel at
 #    /lib/modules/$(uname -r)/build ("Unable to find the kernel source tree ...");
 #  * aborts while nouveau is loaded (/sys/module/nouveau), --disable-nouveau only writes
@@ -79,6 +83,9 @@ do_uninstall() {   # $1 = version being removed
             "DIR "*) rm -rf "${line#DIR }" ;;
         esac
     done < /var/lib/nvidia/log
+    if command -v dkms >/dev/null 2>&1 && [ -d "/var/lib/dkms/nvidia/$old" ]; then
+        dkms remove -m nvidia -v "$old" --all >> "$LOG" 2>&1
+    fi
     rm -rf "/var/lib/dkms/nvidia/$old" "/usr/src/nvidia-$old"
     rmdir /var/lib/dkms/nvidia 2>/dev/null
     rm -f /var/lib/p40lab-sim/nvidia-module-version /var/lib/nvidia/log
@@ -208,16 +215,20 @@ inst() {   # src dest mode
     echo "FILE $2" >> "$manifest"
 }
 if [ "$dkms" = 1 ]; then
+    # as nvidia-installer does: the module source goes to /usr/src, then dkms add/build/install
     log "-> Installing DKMS kernel module:"
     mkdir -p "/usr/src/nvidia-$VERSION"
     cp kernel/*.ko "/usr/src/nvidia-$VERSION/"
     printf 'PACKAGE_NAME="nvidia"\nPACKAGE_VERSION="%s"\nAUTOINSTALL="yes"\nBUILT_MODULE_NAME[0]="nvidia"\nDEST_MODULE_LOCATION[0]="/kernel/drivers/video"\n' \
         "$VERSION" > "/usr/src/nvidia-$VERSION/dkms.conf"
-    d="/var/lib/dkms/nvidia/$VERSION"
-    mkdir -p "$d/$kr/$(uname -m)/module"
-    rm -f "$d/source"; ln -s "/usr/src/nvidia-$VERSION" "$d/source"
-    cp kernel/*.ko "$d/$kr/$(uname -m)/module/"
-    for ko in kernel/*.ko; do inst "$ko" "$moddir/updates/dkms/$(basename "$ko")" 644; done
+    for step in add build install; do
+        log "   Executing: dkms $step -m nvidia -v $VERSION -k $kr"
+        if ! dkms "$step" -m nvidia -v "$VERSION" -k "$kr" >> "$LOG" 2>&1; then
+            dkms remove -m nvidia -v "$VERSION" --all >> "$LOG" 2>&1
+            rm -rf "/usr/src/nvidia-$VERSION"
+            fail "Failed to install the kernel module through DKMS. No kernel module was installed; please try installing again without DKMS, or check the DKMS logs for more information."
+        fi
+    done
     log "   done."
 else
     for ko in kernel/*.ko; do inst "$ko" "$moddir/kernel/drivers/video/$(basename "$ko")" 644; done

@@ -46,14 +46,24 @@ def drop_headers(lab, host):
     sh(lab, host, "rm -rf /lib/modules/$(uname -r)/build")
 
 
-def install_headers(lab, host):
+def use_mirror(lab, host):
     """The image names only the unreachable archive: write the mirror's source as the deploy
-    does (deploy/system.py, stack.mirror.apt, air-gapped), then install the headers."""
+    does (deploy/system.py, stack.mirror.apt, air-gapped)."""
     source = shlex.quote(f"deb [trusted=yes] {mirror.BASE_URL}/apt ./")
     sh(lab, host, f"echo {source} > /etc/apt/sources.list.d/p40fleet-mirror.list && "
        "mkdir -p /etc/apt/p40fleet-aside && { [ ! -f /etc/apt/sources.list ] || "
-       "mv /etc/apt/sources.list /etc/apt/p40fleet-aside/; } && "
-       "apt-get update -qq && apt-get install -y -qq linux-headers-$(uname -r)")  # fmt: skip
+       "mv /etc/apt/sources.list /etc/apt/p40fleet-aside/; } && apt-get update -qq")  # fmt: skip
+
+
+def install_headers(lab, host):
+    use_mirror(lab, host)
+    sh(lab, host, "apt-get install -y -qq linux-headers-$(uname -r)")
+
+
+def install_build_tools(lab, host, *extra):
+    """What the deploy's build prerequisites install (the image has no compiler)."""
+    use_mirror(lab, host)
+    sh(lab, host, f"apt-get install -y -qq build-essential {' '.join(extra)}")
 
 
 # ------------------------------------------------------------------ apt / headers
@@ -65,9 +75,43 @@ def test_apt_installs_headers_from_lab_mirror(lab):
     r = sh(lab, "lab4", "test -e /lib/modules/$(uname -r)/build", ok=False)
     assert r.returncode != 0
     install_headers(lab, "lab4")
-    sh(lab, "lab4", "apt-get install -y -qq build-essential")
     r = sh(lab, "lab4", "cat /lib/modules/$(uname -r)/build/include/generated/utsrelease.h")
     assert r.stdout.strip().startswith('#define UTS_RELEASE "')
+
+
+def test_image_has_no_compiler_and_no_dkms_and_the_mirror_serves_the_real_ones(lab):
+    """A stock Ubuntu 20.04 server: no dkms, gcc, g++, make, pkg-config. The lab's mirror serves
+    Debian's build-essential, pkg-config, libglvnd-dev and the dkms double as packages."""
+    lab.reinstall("lab4")
+    for tool in ("dkms", "gcc", "g++", "cc", "make", "pkg-config"):
+        r = sh(lab, "lab4", f"command -v {tool}", ok=False)
+        assert r.returncode != 0, f"{tool} is in the image: {r.stdout}"
+    install_build_tools(lab, "lab4", "dkms", "pkg-config", "libglvnd-dev")
+    status = sh(lab, "lab4", "dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n' "
+                "dkms build-essential pkg-config libglvnd-dev gcc make").stdout  # fmt: skip
+    for name in ("dkms", "build-essential", "pkg-config", "libglvnd-dev", "gcc", "make"):
+        assert f"{name} ii" in status, status
+    r = sh(lab, "lab4", "printf 'int main(void){return 0;}' > /tmp/t.c && cc -o /tmp/t /tmp/t.c "
+           "&& /tmp/t && pkg-config --exists gl && echo built")  # fmt: skip
+    assert r.stdout.strip() == "built"
+    assert sh(lab, "lab4", "dkms --version").stdout.strip() == "dkms-2.8.1"
+
+
+def test_dkms_double_refuses_without_a_kernel_build_tree(lab):
+    host = "lab4"
+    lab.reinstall(host)
+    install_build_tools(lab, host, "dkms")
+    drop_headers(lab, host)
+    sh(lab, host, "mkdir -p /usr/src/demo-1.0 && touch /usr/src/demo-1.0/demo.ko")
+    sh(lab, host, "dkms add -m demo -v 1.0")  # registering the source needs no kernel
+    for step in ("build", "install"):
+        r = sh(lab, host, f"dkms {step} -m demo -v 1.0", ok=False)
+        assert r.returncode != 0
+        assert "Your kernel headers for kernel" in r.stderr and "cannot be found" in r.stderr
+    sh(lab, host, "! test -e /lib/modules/$(uname -r)/updates/dkms/demo.ko")
+    install_headers(lab, host)
+    sh(lab, host, "dkms install -m demo -v 1.0")
+    sh(lab, host, "test -e /lib/modules/$(uname -r)/updates/dkms/demo.ko")
 
 
 # ------------------------------------------------------------------ driver
@@ -82,6 +126,10 @@ def test_driver_flow(lab):
     # not --silent, no TTY (ssh without a pty) -> refused
     r = sh(lab, host, f"{run} --dkms </dev/null", ok=False)
     assert r.returncode == 1 and "ERROR:" in r.stdout
+    # no compiler (a stock image)
+    r = sh(lab, host, f"{run} --silent --dkms", ok=False)
+    assert r.returncode == 1 and "Unable to find the system utility `cc`" in r.stdout
+    install_build_tools(lab, host)
     # no headers for the running kernel
     r = sh(lab, host, f"{run} --silent --dkms", ok=False)
     assert r.returncode == 1
@@ -107,7 +155,17 @@ def test_driver_flow(lab):
     assert r.stdout.startswith("update-initramfs: Generating /boot/initrd.img-")
     lab.reboot(host)
     sh(lab, host, "! test -e /sys/module/nouveau")
+    # without dkms(8), --dkms is skipped with only a log line: installed, never registered
+    sh(lab, host, f"{run} --silent --dkms")
+    assert "The kernel module will not be registered with DKMS" in (
+        sh(lab, host, "cat /var/log/nvidia-installer.log").stdout
+    )
+    sh(lab, host, "! test -e /var/lib/dkms/nvidia")
+    sh(lab, host, "apt-get install -y -qq dkms")
     r = sh(lab, host, f"{run} --silent --dkms")
+    assert "Executing: dkms install -m nvidia" in (
+        sh(lab, host, "cat /var/log/nvidia-installer.log").stdout
+    )
     r = sh(lab, host, "modinfo -F version nvidia")
     assert r.stdout.strip() == lab_pins.DRIVER_VERSION
     r = sh(lab, host, "dkms status")
@@ -139,11 +197,12 @@ def test_cuda_flow(lab):
     host = "lab2"
     lab.reinstall(host)
     fetch(lab, host, CUDA)
+    install_build_tools(lab, host)
     run = f"sh /root/art/{CUDA}"
     dest = "--installpath=/usr/local/cuda-11.8"
     r = sh(lab, host, f"{run} --toolkit {dest} </dev/null", ok=False)
     assert r.returncode == 1
-    r = sh(lab, host, f"{run} --silent --toolkit {dest}", ok=False)  # base gcc is 12
+    r = sh(lab, host, f"{run} --silent --toolkit {dest}", ok=False)  # Debian's gcc is 12
     assert r.returncode == 1
     assert "Failed to verify gcc version. See log at /var/log/cuda-installer.log" in r.stdout
     assert "unsupported compiler version" in sh(lab, host, "cat /var/log/cuda-installer.log").stdout
