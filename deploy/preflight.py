@@ -2,8 +2,9 @@
 
     pyinfra INVENTORY deploy/preflight.py   (deploy/full.py runs it first)
 
-Spec errors, unsupported GPUs or OS, a verl ref that cannot serve the host's GPUs, too
-little space, artifacts missing from the mirror:
+Spec errors, unsupported GPUs or OS, a verl ref that cannot serve the host's GPUs, a torch
+lock that cannot install the spec's pins (a line without a sum, a pin it does not hold), no
+verl requirements lock, too little space, artifacts missing from the mirror:
 a refused host fails here with the step, the cause and the fix; the others go on.
 
 First, for the whole run (idempotent, so every deploy can include this file): the guard for
@@ -66,7 +67,7 @@ if spec is not None:
 
     refusals = [
         preflight.gpu_refusal(summary),
-        preflight.verl_refusal(spec.verl.ref, summary),
+        *preflight.python_layer_refusals(spec, summary),  # verl ref, torch lock, verl lock
         preflight.os_refusal(os_label(ask(host, LinuxDistribution))),
         preflight.space_refusal(
             cache,

@@ -21,7 +21,7 @@ from facts.host import Cpus, MemTotal
 from facts.survey import ask
 from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
 from operations.refuse import refuse, validated_spec
-from p40fleet import apex_build, verl_patches
+from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.preflight import verl_refusal
 from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import StackSpec
@@ -61,7 +61,7 @@ def refusal(spec: StackSpec, summary: HostGpuSummary) -> dict[str, str] | None:
 
 
 def requirements_file(spec: StackSpec) -> str:
-    return os.path.join(FILES, f"verl-requirements-{spec.requirements_variant}.txt")
+    return str(preflight.verl_requirements_path(spec))  # one rule, the preflight's
 
 
 # Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
@@ -165,7 +165,7 @@ if spec is not None and refused is None:
         version=spec.torch.version,
         torchvision=spec.torch.torchvision,
         torchaudio=spec.torch.torchaudio,
-        lock=os.path.join(FILES, f"torch-requirements-{variant}.txt"),
+        lock=str(preflight.torch_lock_path(spec)),  # the file the preflight checked
         # root-owned (the artifact cache): the training user cannot edit it before pip reads it,
         # and no root-owned dir appears under its home (its Apex build mkdirs ~/.cache/p40fleet)
         lock_dest=f"{spec.paths.artifact_cache}/torch-requirements-{variant}.txt",

@@ -1,5 +1,9 @@
-"""The torch trio in the training env, installed with its whole dependency closure from a
-hash-locked file (``files/torch-requirements-<variant>.txt``) with ``--require-hashes``."""
+"""torch (+ torchvision/torchaudio when the spec pins them) in the training env, installed with
+its whole dependency closure from a hash-locked file (``files/torch-requirements-<variant>.txt``,
+the spec's selection of it: ``p40fleet.hashlock.render``) with ``--require-hashes``.
+
+A lock that cannot install the pins is refused here too, but deploy/preflight.py refuses such a
+host first (``p40fleet.preflight.torch_refusal``, the same ``render``), before any change."""
 
 from __future__ import annotations
 
@@ -55,8 +59,8 @@ def torch(
     + version: torch pin, e.g. ``2.6.0+cu118``
     + torchvision: torchvision pin, or None to leave it out (CPU-only labs)
     + torchaudio: torchaudio pin, or None to leave it out
-    + lock: local hash-locked requirements holding the trio and its closure
-    + lock_dest: where the lock (with ``sha256`` added) is uploaded on the host
+    + lock: local hash-locked requirements holding torch, its closure and the opt-in lines
+    + lock_dest: where the selection for the pins (with ``sha256`` added) is uploaded
     + sha256: ``{distribution: sum}`` the spec supplies for lock lines without a sum
     + index_args: pip arguments choosing the index (``spec.pip_index_args()``)
     + fresh_env: the env is (re)created earlier in this run: ignore what the fact saw
@@ -81,8 +85,9 @@ def torch(
         raise ValueError("torch: lock and lock_dest are required (every byte installed is hashed)")
     try:
         with open(lock) as handle:
-            text = hashlock.with_sums(handle.read(), sha256 or {})
-        problems = hashlock.problems(text, pins)
+            # the spec's selection (opt-in lines of packages not pinned dropped), sums added:
+            # the uploaded file holds exactly what is installed; the preflight decides alike
+            text, problems = hashlock.render(handle.read(), pins, sha256 or {})
     except OSError as exc:  # e.g. stack.verl.requirements names a variant without a torch lock
         text, problems = "", [f"cannot read it ({exc.strerror})"]
     if problems:

@@ -1,21 +1,27 @@
 """Hash-locked requirement files (``name==version --hash=sha256:HEX ...``, one line each).
 
 pip installs them with ``--require-hashes``; these helpers read them (tests, the lab's
-wheelhouse, the torch step) and add sums that the stack spec supplies for lines that have none.
+wheelhouse, the torch step), select the lines a spec installs and add sums that the stack spec
+supplies for lines that have none.
+
+A line may end with ``# opt-in: NAME [NAME ...]``: it is installed only when the spec pins one
+of those packages (torchvision and what only it needs, say); a line without the mark always is.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-__all__ = ["LockLine", "parse", "pinned", "problems", "with_sums"]
+__all__ = ["LockLine", "parse", "pinned", "problems", "render", "select", "with_sums"]
 
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})\b")
+_OPT_IN = re.compile(r"\s#\s*opt-in:\s*([A-Za-z0-9._ -]+?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,7 @@ class LockLine:
     requirement: str  # without options, e.g. ``ray[default]==2.48.0``
     name: str  # canonical distribution name
     hashes: tuple[str, ...]
+    opt_in: tuple[str, ...] = ()  # canonical names of ``# opt-in:``; () = always installed
 
     @property
     def version(self) -> str | None:
@@ -33,6 +40,12 @@ class LockLine:
         if len(specs) == 1 and specs[0].operator == "==" and "*" not in specs[0].version:
             return specs[0].version
         return None
+
+
+def _opt_in(raw: str) -> tuple[str, ...]:
+    """The canonical names of a line's ``# opt-in: NAME ...`` mark (() without one)."""
+    mark = _OPT_IN.search(raw)
+    return tuple(canonicalize_name(name) for name in mark.group(1).split()) if mark else ()
 
 
 def parse(text: str) -> list[LockLine]:
@@ -44,8 +57,25 @@ def parse(text: str) -> list[LockLine]:
             continue
         requirement = line.split(" --", 1)[0].strip()
         name = canonicalize_name(Requirement(requirement).name)
-        out.append(LockLine(requirement, name, tuple(_HASH.findall(line))))
+        out.append(LockLine(requirement, name, tuple(_HASH.findall(line)), _opt_in(raw)))
     return out
+
+
+def select(text: str, wanted: Iterable[str]) -> str:
+    """``text`` without the ``# opt-in:`` lines of packages not in ``wanted`` (comments kept).
+
+    What is left is exactly what ``pip install -r`` of it installs for a spec pinning ``wanted``.
+    """
+    keep = {canonicalize_name(name) for name in wanted}
+    out = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if line and not line.startswith("#"):
+            marks = _opt_in(raw)
+            if marks and not keep.intersection(marks):
+                continue
+        out.append(raw)
+    return "\n".join(out) + "\n"
 
 
 def pinned(text: str) -> dict[str, str | None]:
@@ -72,14 +102,29 @@ def problems(text: str, pins: dict[str, str]) -> list[str]:
     """What stops ``pip install --require-hashes`` of ``text`` from installing ``pins``.
 
     A line without a sum, a line that is not an exact pin, or a pin the lock does not hold at
-    that version (PEP 440 equality).
+    that version (PEP 440 equality). ``text`` is what is installed (see ``select``).
     """
     lines = parse(text)
     out = [f"{line.requirement} has no --hash=sha256:" for line in lines if not line.hashes]
     out += [f"{line.requirement} is not pinned with ==" for line in lines if line.version is None]
     have = {line.name: line.version for line in lines}
     for name, pin in pins.items():
-        got = have.get(canonicalize_name(name))
+        key = canonicalize_name(name)
+        if key not in have:
+            out.append(f"the lock has no {name} line, the spec pins {name}=={pin}")
+            continue
+        got = have[key]
         if got is None or Version(got) != Version(pin):
             out.append(f"the lock has {name}=={got}, the spec pins {name}=={pin}")
     return out
+
+
+def render(text: str, pins: dict[str, str], sums: dict[str, str]) -> tuple[str, list[str]]:
+    """The lock a spec installs and what stops it: ``text``'s selection for ``pins`` (its
+    unmarked lines and the ``# opt-in:`` lines of the packages pinned), with ``sums`` added,
+    and ``problems`` of that (``[]``: ``pip install --require-hashes`` of it can go ahead).
+
+    One function for the preflight and the torch step, so both decide alike.
+    """
+    installed = with_sums(select(text, pins), sums)
+    return installed, problems(installed, pins)

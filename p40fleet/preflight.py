@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from p40fleet import verl_patches
+from p40fleet import hashlock, verl_patches
 from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import ARTIFACTS, StackSpec
 
 # The seed targets Ubuntu 20.04; CUDA 11.8 and R525 also support 22.04.
 SUPPORTED_OS = ("Ubuntu 20.04", "Ubuntu 22.04")
+
+#: The repository's files/: the hash-locked requirement files the Python layer installs.
+FILES = Path(__file__).resolve().parent.parent / "files"
 
 
 @dataclass(frozen=True)
@@ -116,3 +120,61 @@ def mirror_refusals(answers: Iterable[tuple[str, str, int, str]]) -> list[Refusa
             remedy = f"put {url.rsplit('/', 1)[-1]} into the mirror (with its sha256) and re-run"
         refusals.append(Refusal(step=f"{item} artifact", reason=reason, remedy=remedy))
     return refusals
+
+
+def torch_lock_path(spec: StackSpec) -> Path:
+    """``files/torch-requirements-<variant>.txt``: the lock the torch step installs from."""
+    return FILES / f"torch-requirements-{spec.requirements_variant}.txt"
+
+
+def verl_requirements_path(spec: StackSpec) -> Path:
+    """``files/verl-requirements-<variant>.txt``: verl's pinned dependencies."""
+    return FILES / f"verl-requirements-{spec.requirements_variant}.txt"
+
+
+def torch_lock(spec: StackSpec, lock: Path | None = None) -> tuple[str, list[str]]:
+    """The lock text the torch step uploads for ``spec`` and what stops it (``hashlock.render``
+    of the variant's file: its selection for the spec's pins, the spec's sums added)."""
+    lock = lock or torch_lock_path(spec)
+    try:
+        text = lock.read_text()
+    except OSError as exc:  # e.g. stack.verl.requirements names a variant without a torch lock
+        return "", [f"cannot read it ({exc.strerror})"]
+    return hashlock.render(text, spec.torch.pins(), spec.torch.sha256.given())
+
+
+def torch_refusal(spec: StackSpec, lock: Path | None = None) -> Refusal | None:
+    """The torch step could not install the spec's pins: a pinned package whose lock line has
+    no sum (torchvision/torchaudio +cu118 unless stack.torch.sha256 has it), a pin the lock
+    does not hold, a lock that is not there."""
+    lock = lock or torch_lock_path(spec)
+    _, problems = torch_lock(spec, lock)
+    if not problems:
+        return None
+    return Refusal(
+        step="torch lock",
+        reason=f"{lock.name}: " + "; ".join(problems),
+        remedy="put the sha256 of each named wheel (as its index publishes it, or `sha256sum` "
+        "of a copy) in stack.torch.sha256, leave out what you do not need (stack.torch."
+        "torchvision/torchaudio = None), or regenerate the lock for the spec's torch pins "
+        "(see the file's header)",
+    )
+
+
+def requirements_refusal(spec: StackSpec, path: Path | None = None) -> Refusal | None:
+    """No verl requirements lock for the spec's variant (``stack.verl.requirements``)."""
+    path = path or verl_requirements_path(spec)
+    if path.is_file():
+        return None
+    return Refusal(
+        step="verl requirements",
+        reason=f"{path.name} does not exist in files/ (variant {spec.requirements_variant!r})",
+        remedy="set stack.verl.requirements to a variant with a file in files/ (or unset it)",
+    )
+
+
+def python_layer_refusals(spec: StackSpec, summary: HostGpuSummary) -> list[Refusal]:
+    """Every reason deploy/python.py would stop this host, decided from the spec and the GPUs:
+    the verl ref, the torch lock, the verl requirements lock."""
+    found = [verl_refusal(spec.verl.ref, summary), torch_refusal(spec), requirements_refusal(spec)]
+    return [r for r in found if r is not None]

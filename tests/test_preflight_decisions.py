@@ -1,6 +1,6 @@
 """Preflight decisions: which facts refuse a host, and what the message says."""
 
-from p40fleet import preflight
+from p40fleet import hashlock, preflight
 from p40fleet.profile import summarize_host
 from p40fleet.spec import load_spec
 
@@ -74,3 +74,90 @@ def test_unknown_verl_ref_is_refused_and_gpu_refusals_are_left_to_the_gpu_check(
     refusal = preflight.verl_refusal("v9.9.9", summarize_host([0x1B38]))
     assert refusal is not None and "no patch rule set" in refusal.reason
     assert preflight.verl_refusal("v9.9.9", summarize_host([])) is None
+
+
+# -- the Python layer's refusals, decided in the preflight (issue 24 section 1) ---------------
+
+P40 = summarize_host([0x1B38] * 4)
+TV_SUM = "ab" * 32
+LAB = {"torch": {"version": "2.13.0+cpu"}}
+
+
+def test_default_stack_torch_lock_installs_torch_and_its_closure_only():
+    """The default spec pins torch alone: its selection of the real lock has a sum on every
+    line and no torchvision/torchaudio/pillow/numpy (only torchvision needs pillow, numpy)."""
+    assert preflight.torch_refusal(SPEC) is None
+    assert preflight.python_layer_refusals(SPEC, P40) == []
+    text, problems = preflight.torch_lock(SPEC)
+    assert problems == []
+    names = {line.name for line in hashlock.parse(text)}
+    assert "torch" in names and "triton" in names and "sympy" in names
+    assert not names & {"torchvision", "torchaudio", "pillow", "numpy"}, names
+
+
+def test_torchvision_pinned_without_a_sum_is_refused_by_the_preflight():
+    spec = load_spec("h1", {"torch": {"torchvision": "0.21.0+cu118"}})
+    refusal = preflight.torch_refusal(spec)
+    assert refusal is not None and refusal.step == "torch lock"
+    assert "torch-requirements-v0.5.0.txt" in refusal.reason
+    assert "torchvision==0.21.0+cu118 has no --hash=sha256:" in refusal.reason
+    assert "torchaudio" not in refusal.reason  # not pinned: not selected, not refused
+    assert "stack.torch.sha256" in refusal.remedy
+    assert preflight.python_layer_refusals(spec, P40) == [refusal]
+
+
+def test_torchvision_pinned_with_its_sum_selects_it_and_its_deps():
+    spec = load_spec(
+        "h1", {"torch": {"torchvision": "0.21.0+cu118", "sha256": {"torchvision": TV_SUM}}}
+    )
+    assert preflight.torch_refusal(spec) is None
+    text, _ = preflight.torch_lock(spec)
+    lines = {line.name: line for line in hashlock.parse(text)}
+    assert lines["torchvision"].hashes == (TV_SUM,)
+    assert {"pillow", "numpy"} <= set(lines) and "torchaudio" not in lines
+
+
+def test_both_opt_ins_need_both_sums():
+    pinned = {"torchvision": "0.21.0+cu118", "torchaudio": "2.6.0+cu118"}
+    half = load_spec("h1", {"torch": {**pinned, "sha256": {"torchvision": TV_SUM}}})
+    refusal = preflight.torch_refusal(half)
+    assert refusal is not None
+    assert "torchaudio==2.6.0+cu118 has no --hash" in refusal.reason
+    assert "torchvision" not in refusal.reason
+    both = load_spec(
+        "h1", {"torch": {**pinned, "sha256": {"torchvision": TV_SUM, "torchaudio": TV_SUM}}}
+    )
+    assert preflight.torch_refusal(both) is None
+
+
+def test_lab_lock_without_the_pinned_package_is_refused():
+    """The simulated lab's lock has no torchvision line at all: pinning it is refused too."""
+    assert preflight.torch_refusal(load_spec("h1", LAB)) is None
+    spec = load_spec("h1", {"torch": {"version": "2.13.0+cpu", "torchvision": "0.28.0+cpu"}})
+    refusal = preflight.torch_refusal(spec)
+    assert refusal is not None and "torch-requirements-lab.txt" in refusal.reason
+    assert "the lock has no torchvision line, the spec pins torchvision==0.28.0+cpu" in (
+        refusal.reason
+    )
+
+
+def test_torch_pin_the_lock_does_not_hold_is_refused():
+    spec = load_spec("h1", {"torch": {"version": "2.12.0+cpu"}})
+    refusal = preflight.torch_refusal(spec)
+    assert refusal is not None
+    assert "the lock has torch==2.13.0+cpu, the spec pins torch==2.12.0+cpu" in refusal.reason
+
+
+def test_variant_without_locks_is_refused_for_both_locks():
+    spec = load_spec("h1", {"verl": {"requirements": "nope"}})
+    steps = {r.step: r for r in preflight.python_layer_refusals(spec, P40)}
+    assert set(steps) == {"torch lock", "verl requirements"}, steps
+    assert "cannot read it" in steps["torch lock"].reason
+    assert "verl-requirements-nope.txt does not exist" in steps["verl requirements"].reason
+    assert "stack.verl.requirements" in steps["verl requirements"].remedy
+
+
+def test_unsupported_verl_ref_is_among_the_python_layer_refusals():
+    seed = "62549582a71881fe861b09f8375e3aea80ac6754"
+    spec = load_spec("h1", {"verl": {"ref": seed, "commit": seed, "version": "0.5.0.dev0"}})
+    assert [r.step for r in preflight.python_layer_refusals(spec, P40)] == ["verl ref"]

@@ -73,11 +73,13 @@ def test_defaults_are_the_stack_facts_pins():
     assert spec.miniconda.size is None
 
     assert spec.python_version == "3.10.12"
+    # torchvision/torchaudio are opt-in: no published cp310 sum, verl's text PPO imports neither
     assert (spec.torch.version, spec.torch.torchvision, spec.torch.torchaudio) == (
         "2.6.0+cu118",
-        "0.21.0+cu118",
-        "2.6.0+cu118",
+        None,
+        None,
     )
+    assert spec.torch.pins() == {"torch": "2.6.0+cu118"}
     assert spec.torch.index_url == "https://download.pytorch.org/whl/cu118"
 
     assert spec.apex.remote == "https://github.com/NVIDIA/apex"
@@ -197,9 +199,17 @@ def test_without_a_mirror_torch_comes_from_its_index_and_deps_from_pypi():
     assert spec.pip_deps_args() == []
 
 
+def test_torch_opt_ins_are_pinned_when_the_spec_asks():
+    spec = load_spec("lab1", {"torch": {"torchvision": "0.21.0+cu118"}})
+    assert spec.torch.pins() == {"torch": "2.6.0+cu118", "torchvision": "0.21.0+cu118"}
+
+
 def test_torch_sums_from_the_spec():
     spec = load_spec("lab1", {"torch": {"sha256": {"torchvision": "AB" * 32}}})
     assert spec.torch.sha256.given() == {"torchvision": "ab" * 32}
+    # a second triton sum (the PyTorch index's file, for a mirror filled from it)
+    spec = load_spec("lab1", {"torch": {"sha256": {"triton": "cd" * 32}}})
+    assert spec.torch.sha256.given() == {"triton": "cd" * 32}
     assert hash(spec)
     with pytest.raises(SpecError):
         load_spec("lab1", {"torch": {"sha256": {"torchvision": "not-a-sum"}}})

@@ -6,6 +6,7 @@ import os
 
 from facts.conda import Dist, EnvDistributions
 from operations import torch
+from p40fleet import hashlock
 from tests.opharness import run_op
 from tests.pylayer import PY
 
@@ -15,13 +16,13 @@ LAB_LOCK = os.path.join(FILES, "torch-requirements-lab.txt")
 SUM = "ab" * 32
 
 
-def _torch(dists, lock=REAL_LOCK, **kw):
+def _torch(dists, lock=REAL_LOCK, torchvision="0.21.0+cu118", torchaudio="2.6.0+cu118", **kw):
     return run_op(
         torch.torch,
         python=PY,
         version="2.6.0+cu118",
-        torchvision="0.21.0+cu118",
-        torchaudio="2.6.0+cu118",
+        torchvision=torchvision,
+        torchaudio=torchaudio,
         lock=lock,
         lock_dest="/c/torch.txt",
         index_args=["--index-url", "http://m/simple"],
@@ -94,3 +95,68 @@ def test_torch_lab_without_vision_audio_and_fresh_env():
         default_facts=True,
     )
     assert result.commands[-1].endswith("install --require-hashes -r /c/torch.txt")
+
+
+def test_default_pins_install_torch_and_its_closure_only():
+    """Default spec (torchvision/torchaudio None): the real lock installs, and the uploaded file
+    holds exactly that: no opt-in line (torchvision, torchaudio, pillow, numpy)."""
+    result = _torch({"torch": Dist("2.5.1+cu118")}, torchvision=None, torchaudio=None)
+    assert not result.failures, result.failures
+    assert result.commands[-1].endswith(
+        "install --require-hashes --index-url http://m/simple -r /c/torch.txt"
+    )
+    lines = hashlock.parse(result.uploads["/c/torch.txt"])
+    names = {line.name for line in lines}
+    assert {"torch", "triton", "sympy", "nvidia-cudnn-cu11"} <= names
+    assert not names & {"torchvision", "torchaudio", "pillow", "numpy"}, names
+    assert all(line.hashes for line in lines)
+
+
+def test_torchvision_alone_selects_its_lines_and_not_torchaudio():
+    result = _torch({}, torchaudio=None, sha256={"torchvision": SUM})
+    uploaded = result.uploads["/c/torch.txt"]
+    names = {line.name for line in hashlock.parse(uploaded)}
+    assert {"torchvision", "pillow", "numpy"} <= names and "torchaudio" not in names
+    assert f"torchvision==0.21.0+cu118 --hash=sha256:{SUM}" in uploaded
+
+
+def test_triton_second_sum_is_added_beside_pypis():
+    """A mirror filled from the PyTorch index serves another triton file: its sum goes on the
+    line next to PyPI's, so either file passes --require-hashes."""
+    pypi = "b3e54983cd51875855da7c68ec05c05cf8bb08df361b1d5b69e05e40b0c9bd62"
+    result = _torch({}, torchvision=None, torchaudio=None, sha256={"triton": SUM})
+    (line,) = [x for x in hashlock.parse(result.uploads["/c/torch.txt"]) if x.name == "triton"]
+    assert line.hashes == (pypi, SUM)
+
+
+def test_opt_in_marks_and_select():
+    text = (
+        "# header\n"
+        "torch==1.0 --hash=sha256:" + "1" * 64 + "\n"
+        "pillow==2.0 --hash=sha256:" + "2" * 64 + "  # opt-in: torchvision\n"
+        "shared==3.0 --hash=sha256:" + "3" * 64 + "  # opt-in: torchvision Torch_Audio\n"
+        "torchaudio==4.0  # opt-in: torch-audio\n"
+    )
+    marks = {line.name: line.opt_in for line in hashlock.parse(text)}
+    assert marks == {
+        "torch": (),
+        "pillow": ("torchvision",),
+        "shared": ("torchvision", "torch-audio"),
+        "torchaudio": ("torch-audio",),
+    }
+    assert [x.name for x in hashlock.parse(hashlock.select(text, ["torch"]))] == ["torch"]
+    assert [x.name for x in hashlock.parse(hashlock.select(text, ["torch_audio"]))] == [
+        "torch",
+        "shared",
+        "torchaudio",
+    ]
+    assert hashlock.select(text, []).startswith("# header\n")  # comments kept
+
+
+def test_real_lock_header_states_provenance_and_the_triton_file():
+    header = open(REAL_LOCK).read().split("\nfilelock==", 1)[0]
+    assert "ONE public source" in header and "github.com/triple-Mu" in header
+    # the file each triton sum is for, and what a mirror filled from the torch index needs
+    assert "triton-3.2.0-cp310-cp310-manylinux_2_17_x86_64.manylinux2014_x86_64.whl" in header
+    assert "triton-3.2.0-cp310-cp310-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl" in header
+    assert "stack.torch.sha256.triton" in header

@@ -15,7 +15,7 @@ newest gcc          11, for CUDA 11.8 (``GCC_MAX``; a new CUDA release adds its 
 cuDNN               8.9.7.29 for CUDA 11 (``CudnnArtifact``)
 Miniconda           py310_24.11.1-0 (``MinicondaArtifact``), env verl-p40 (``PythonEnv``)
 Python              3.10.12 (``StackSpec.python_version``)
-PyTorch             2.6.0+cu118, torchvision 0.21.0+cu118, torchaudio 2.6.0+cu118 (``TorchPin``)
+PyTorch             2.6.0+cu118 and its closure; torchvision/torchaudio opt-in (``TorchPin``)
 Apex                tag 25.09, 4bdecd06... (``ApexPin``)
 verl                tag v0.5.0, 8fdc4d3f... (``VerlPin``); requirements lock v0.5.0
                     (``VERL_REQUIREMENTS_CUDA``; ``lab`` for a CPU torch)
@@ -242,13 +242,19 @@ class MinicondaArtifact(Artifact):
 
 
 class TorchSums(BaseModel):
-    """sha256 of torch index wheels, for lock lines that carry none (see ``TorchPin.sha256``)."""
+    """sha256 of torch index wheels, for lock lines that carry none (see ``TorchPin.sha256``).
+
+    ``triton``: the sum of the triton file a mirror serves when it is the PyTorch index's
+    (``…manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl``), added to the lock's triton line
+    beside PyPI's (the lock's header says which file each sum is for).
+    """
 
     model_config = _FROZEN
 
     torch: Sha256 | None = None
     torchvision: Sha256 | None = None
     torchaudio: Sha256 | None = None
+    triton: Sha256 | None = None
 
     def given(self) -> dict[str, str]:
         """``{distribution: sha256}`` of the sums set."""
@@ -256,18 +262,28 @@ class TorchSums(BaseModel):
 
 
 class TorchPin(BaseModel):
-    """The torch trio, installed together from one index (they must match each other)."""
+    """torch (+ torchvision, torchaudio when pinned), installed together from one index (they
+    must match each other) with torch's closure from the hash-locked file."""
 
     model_config = _FROZEN
 
     version: Pep440 = "2.6.0+cu118"
-    # None: not installed (e.g. a lab wheelhouse that carries torch alone).
-    torchvision: Pep440 | None = "0.21.0+cu118"
-    torchaudio: Pep440 | None = "2.6.0+cu118"
+    # Opt-in (None: not installed): verl v0.5.0's text PPO path imports neither, and no cp310
+    # sum of the +cu118 wheels is published where we could read it. Pin them (e.g.
+    # "0.21.0+cu118", "2.6.0+cu118") together with their sums in sha256 (the preflight refuses
+    # a pin whose lock line has no sum).
+    torchvision: Pep440 | None = None
+    torchaudio: Pep440 | None = None
     index_url: BaseUrl = "https://download.pytorch.org/whl/cu118"
     # {distribution: sha256} for torch/torchvision/torchaudio wheels whose sum the lock file
-    # (files/torch-requirements-<variant>.txt) does not carry; the torch step refuses without.
+    # (files/torch-requirements-<variant>.txt) does not carry, and a second triton sum; the
+    # preflight refuses a pinned package whose line has none.
     sha256: TorchSums = Field(default_factory=lambda: TorchSums())
+
+    def pins(self) -> dict[str, str]:
+        """``{distribution: version}`` the torch step installs: torch, and the opt-ins pinned."""
+        extras = {"torchvision": self.torchvision, "torchaudio": self.torchaudio}
+        return {"torch": self.version, **{name: pin for name, pin in extras.items() if pin}}
 
 
 class GitPin(BaseModel):

@@ -150,6 +150,42 @@ def test_unsupported_verl_ref_refuses_that_host_only(fleet):
     home_intact(lab)
 
 
+def test_torch_lock_without_a_sum_refuses_that_host_in_the_preflight(fleet):
+    """Issue 24 section 1: a spec whose torch lock cannot install its pins is refused in the
+    preflight, before any change on that host, and the other host converges. lab2 asks the
+    real stack's torchvision (the real locks: verl.requirements v0.5.0), whose line in
+    files/torch-requirements-v0.5.0.txt has no sum; then (the lab's own lock,
+    files/torch-requirements-lab.txt) a torchvision it has no line for."""
+    lab = fleet["lab"]
+    real = {"torch": {"version": "2.6.0+cu118", "torchvision": "0.21.0+cu118"},
+            "verl": {"requirements": "v0.5.0"}}  # fmt: skip
+    cases = [
+        (real, (), [
+            "torch-requirements-v0.5.0.txt",
+            "torchvision==0.21.0+cu118 has no --hash=sha256:",
+            "stack.torch.sha256",
+        ]),
+        ({"torch": {"torchvision": "0.28.0+cpu"}}, ("--limit", "lab2"), [
+            "torch-requirements-lab.txt",
+            "the lock has no torchvision line, the spec pins torchvision==0.28.0+cpu",
+        ]),
+    ]  # fmt: skip
+    for override, args, causes in cases:
+        result = full(*args, stack_host={"lab2": override})
+        lines = error_lines(result, "lab2")
+        assert "Traceback" not in result.output, result.output[-3000:]
+        assert result.errors["lab2"] == 1 and not result.changed["lab2"], lines
+        # the preflight's refusal is lab2's first operation (after the run lock's own step)
+        ran = [op for op, hosts in result.operations.items() if "lab2" in hosts]
+        assert ran[-1].endswith("Refuse: preflight"), ran
+        assert all("lock" in op.lower() for op in ran[:-1]), ran
+        assert "host lab2: preflight" in lines and "torch lock: " in lines, lines
+        assert all(cause in lines for cause in causes) and "fix:" in lines, lines
+        if not args:
+            converged(result, "lab1")
+    home_intact(lab)
+
+
 def test_artifact_missing_from_the_mirror_then_restored(fleet):
     lab = fleet["lab"]
     lab.reinstall("lab2")  # its artifact cache is gone: it must download again
