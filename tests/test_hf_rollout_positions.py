@@ -4,15 +4,16 @@ verl v0.5.0's ``HFRollout`` passes the prompt's ``position_ids`` to ``generate()
 #1637); transformers 4.53.3 never advances given positions while decoding, so every new token
 is fed the last prompt position. The ``hf-rollout-generate-positions`` patch rule drops the
 argument. Here verl's own ``HFRollout.generate_sequences``, imported from the patched v0.5.0
-sdist tree, generates greedily for a left-padded batch of two prompts of unequal length with
+sdist tree, generates 6 tokens for a left-padded batch of two prompts of unequal length with
 the lab's tiny Qwen2 (``p40lab.training_data``, the bytes the lab mirror serves; its attention
-projections scaled, :data:`ATTENTION_SCALE`), and:
+projections scaled, :data:`ATTENTION_SCALE`), along both of verl's paths through it: the
+training rollout (sampled, fixed seed) and validation (greedy). Then:
 
 * patched (every ``pascal`` rule): the same tokens as ``model.generate()`` given no position
-  ids, and the same positions at every decode step, advancing by one per token;
-* unpatched (every ``pascal`` rule but that one, so fp32 in both): frozen positions, other
-  tokens after the first, and positions handed on with the batch (where the actor and critic
-  score the response) that are not those the tokens were generated at.
+  ids (same seed), and the same positions at every decode step, advancing by one per token;
+* unpatched (every ``pascal`` rule but that one, so fp32 in both): frozen positions, positions
+  handed on with the batch (where the actor and critic score the response) that are not those
+  the tokens were generated at, and, greedy, other tokens after the first.
 
 The env is what ``deploy/python.py`` gives a lab host, built here on the controller (no lab
 instance needed): CPython 3.11, the lab torch (``/opt/wheels``, 2.13.0+cpu), then
@@ -21,7 +22,7 @@ instance needed): CPython 3.11, the lab torch (``/opt/wheels``, 2.13.0+cpu), the
 file has the lab's sum; verl is the sdist tree on ``sys.path`` (the host's ``pip install -e``).
 It is built once into the test cache (``tests/verl_sdist.py``: ``$P40FLEET_TEST_CACHE``), keyed
 by the locks' content: about 6 minutes cold (PyPI and ``/opt/wheels``), 85 s with pip's cache
-warm; then the module takes about 10 s.
+warm; then the module takes about 15 s.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from p40lab.wheelhouse import TORCH_LOCK, TORCH_WHEELS, VERL_REQUIREMENTS
 
 RULE = "hf-rollout-generate-positions"
 NEW_TOKENS = 6
+#: verl's two calls of the HF rollout: the training rollout (sampled: rollout.yaml's
+#: do_sample True, temperature 1) and validation (greedy: val_kwargs.do_sample False)
+PATHS = ("train", "validate")
 
 #: The lab model's weights are N(0, .02): at that scale its argmax repeats the last token
 #: whatever the positions. Its attention projections x10 make the positions reach the tokens
@@ -93,28 +97,40 @@ seen = []  # the last position id of each row at every forward (prefill, then ea
 model.register_forward_pre_hook(
     lambda m, a, kw: seen.append(kw["position_ids"][:, -1].tolist()), with_kwargs=True
 )
+# verl's rollout.yaml: the training rollout samples, validation is greedy (val_kwargs)
 config = OmegaConf.create({
-    "do_sample": False, "temperature": 1.0, "response_length": new_tokens, "top_p": 1.0,
+    "do_sample": True, "temperature": 1.0, "response_length": new_tokens, "top_p": 1.0,
     "top_k": -1, "n": 1, "micro_batch_size": len(rows),
-    "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1},
+    "val_kwargs": {"do_sample": False, "top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1},
 })
-batch = TensorDict({"input_ids": ids, "attention_mask": mask,
-                    "position_ids": compute_position_id_with_mask(mask)}, batch_size=len(rows))
-out = HFRollout(model, config).generate_sequences(
-    DataProto(batch=batch, meta_info={"eos_token_id": eos, "pad_token_id": pad})
-)
-rollout_positions = list(seen)
-seen.clear()
-ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1,
-                     max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=pad)
-ref = ref[:, width:].tolist()
-print(json.dumps({
-    "rollout": out.batch["responses"].tolist(),
-    "response_positions": out.batch["position_ids"][:, width:].tolist(),
-    "generate": [r + [pad] * (new_tokens - len(r)) for r in ref],
-    "rollout_positions": rollout_positions, "generate_positions": seen,
-    "lengths": [len(r) for r in rows], "eos": eos,
-}))
+rollout = HFRollout(model, config)
+paths = {  # name: (meta_info as verl's trainer sends it, generate()'s kwargs for the same)
+    "train": ({}, {"do_sample": True, "top_p": 1.0, "top_k": 0, "temperature": 1.0}),
+    "validate": ({"validate": True, "do_sample": False}, {"do_sample": False}),
+}
+result = {"lengths": [len(r) for r in rows], "eos": eos}
+for name, (meta, kwargs) in paths.items():
+    batch = TensorDict({"input_ids": ids, "attention_mask": mask,
+                        "position_ids": compute_position_id_with_mask(mask)},
+                       batch_size=len(rows))
+    seen.clear()
+    torch.manual_seed(1234)
+    out = rollout.generate_sequences(
+        DataProto(batch=batch, meta_info={"eos_token_id": eos, "pad_token_id": pad, **meta})
+    )
+    rollout_positions = list(seen)
+    seen.clear()
+    model.eval()  # the rollout leaves it in train mode
+    torch.manual_seed(1234)
+    ref = model.generate(input_ids=ids, attention_mask=mask, num_beams=1,
+                         max_new_tokens=new_tokens, eos_token_id=eos, pad_token_id=pad, **kwargs)
+    result[name] = {
+        "rollout": out.batch["responses"].tolist(),
+        "response_positions": out.batch["position_ids"][:, width:].tolist(),
+        "generate": [r + [pad] * (new_tokens - len(r)) for r in ref[:, width:].tolist()],
+        "rollout_positions": rollout_positions, "generate_positions": list(seen),
+    }
+print(json.dumps(result))
 """
 
 
@@ -215,30 +231,38 @@ def test_batch_is_left_padded_with_unequal_prompts(runs):
     assert len(lengths) == 2 and lengths[0] < lengths[1]
 
 
-def test_patched_rollout_generates_what_generate_without_positions_does(runs):
-    patched = runs["patched"]
+@pytest.mark.parametrize("path", PATHS)
+def test_patched_rollout_generates_what_generate_without_positions_does(runs, path):
+    patched, lengths = runs["patched"][path], runs["patched"]["lengths"]
     assert patched["rollout"] == patched["generate"]
-    assert len(patched["rollout"][0]) == NEW_TOKENS
-    assert patched["eos"] not in sum(patched["rollout"], [])  # NEW_TOKENS real tokens each
+    assert [len(r) for r in patched["rollout"]] == [NEW_TOKENS] * 2
+    assert runs["patched"]["eos"] not in sum(patched["rollout"], [])  # NEW_TOKENS real ones
     # the positions the model was fed: transformers' own, advancing one per token
     assert patched["rollout_positions"] == patched["generate_positions"]
-    assert patched["rollout_positions"] == _advancing(patched["lengths"])
+    assert patched["rollout_positions"] == _advancing(lengths)
     # and they are the positions verl hands on with the batch (the actor's and the critic's
     # forward passes score the response at them): token k was generated at position p_k
     assert _fed_at(patched) == _handed_on(patched)
 
 
-def test_unpatched_rollout_freezes_positions_and_generates_other_tokens(runs):
-    unpatched = runs["unpatched"]
-    lengths = unpatched["lengths"]
+@pytest.mark.parametrize("path", PATHS)
+def test_unpatched_rollout_freezes_positions(runs, path):
+    unpatched, lengths = runs["unpatched"][path], runs["unpatched"]["lengths"]
     assert unpatched["rollout_positions"] == [[n - 1 for n in lengths]] * NEW_TOKENS
     assert unpatched["generate_positions"] == _advancing(lengths)
     # verl still hands on advancing positions: the training scores tokens at positions other
     # than those they were generated at
-    assert unpatched["response_positions"] == runs["patched"]["response_positions"]
+    assert unpatched["response_positions"] == runs["patched"][path]["response_positions"]
     assert _fed_at(unpatched) != _handed_on(unpatched)
-    # the prefill's positions are right either way: the first token agrees, the rest do not
+    # the reference does not depend on the tree
+    assert unpatched["generate"] == runs["patched"][path]["generate"]
+
+
+def test_unpatched_greedy_rollout_generates_other_tokens(runs):
+    """Validation (greedy): the prefill's positions are right either way, so the first token
+    agrees; the frozen decode steps give other tokens. (The sampled training path draws the
+    same uniforms, which mostly land on the same tokens when the logits differ a little: its
+    damage is in the positions above, not visible in six tokens.)"""
+    unpatched = runs["unpatched"]["validate"]
     for got, want in zip(unpatched["rollout"], unpatched["generate"], strict=True):
         assert got[0] == want[0] and got[1:] != want[1:], (got, want)
-    # the reference itself does not depend on the tree
-    assert unpatched["generate"] == runs["patched"]["generate"]
