@@ -145,7 +145,11 @@ def _pip(python: Path, *args: str) -> None:
     cmd = [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
-        pytest.fail(f"lab env: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}", False)
+        pytest.fail(
+            f"lab env: {' '.join(cmd)} failed (it needs PyPI and the lab torch wheel in "
+            f"{TORCH_WHEELS}, $P40LAB_TORCH_WHEELS):\n{proc.stderr[-3000:]}",
+            False,
+        )
 
 
 @pytest.fixture(scope="session")
