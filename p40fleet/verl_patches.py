@@ -11,6 +11,13 @@ the critic with flash_attention_2 where no config reaches, and neither bf16 nor 
 below cc 8.0; ``ampere-plus`` (>= 8.0) runs verl untouched. ``maxwell`` (5.x, only with an
 explicit override) is treated like ``pascal``.
 
+One rule is a correctness fix, not a capability one: ``hf-rollout-generate-positions`` drops the
+``position_ids`` argument of the HF rollout's ``generate()`` call (verl PR #1637; with it
+transformers 4.53.3 feeds every generated token the last prompt position). It sits in the
+``pascal`` set (the HF rollout is the P40 rollout, the lab's too) and so in ``volta-turing``'s
+(vLLM by default there; the same rule when ``rollout.name=hf`` is chosen). ``ampere-plus``
+stays untouched: its rollout is vLLM, which computes its own positions.
+
 Left alone on purpose: the model merger (it calls tensor dtype methods such as ``.bfloat16()``),
 Megatron code and ``verl/utils/torch_dtypes.py``. Dtype sites that config already reaches
 (``fsdp_config.mixed_precision.param_dtype``, ``fsdp_config.model_dtype``) are not patched.
@@ -157,6 +164,17 @@ _V050_PASCAL: tuple[Rule, ...] = (
         count=1,
         why="The HF rollout, the only rollout a P40 can run, generates under a hard-coded bf16 "
         "autocast that rollout.dtype does not reach; Pascal has no bf16 math.",
+    ),
+    Rule(
+        id="hf-rollout-generate-positions",
+        file="verl/workers/rollout/hf_rollout.py",
+        old="                position_ids=position_ids,\n",
+        new="                # p40fleet: generate() derives position_ids from the mask\n",
+        count=1,
+        why="verl PR #1637 passes the prompt's position_ids to generate(), and transformers "
+        "4.53.3 never advances given ones: every generated token gets the last prompt position "
+        "(RoPE frozen). Without them generate() derives left-padding-aware positions from the "
+        "growing attention mask, equal to verl's own on the real tokens.",
     ),
     Rule(
         id="fsdp-actor-attn-sdpa",

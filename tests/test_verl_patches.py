@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import compileall
 import hashlib
 import json
@@ -110,6 +111,80 @@ def test_profiles_and_refs():
         assert vp.rule_set("v0.5.0", profile).profile == profile
     data = json.loads(vp.ruleset_json("v0.5.0", "pascal"))
     assert data["supported"] is True and data["rules"][0].keys() >= {"id", "old", "new", "count"}
+
+
+# --- the HF rollout's generation positions (issue 24 section 4) ------------------------------
+
+POSITIONS_RULE = "hf-rollout-generate-positions"
+HF_ROLLOUT = "verl/workers/rollout/hf_rollout.py"
+POSITIONS_LINE = "                position_ids=position_ids,\n"
+
+
+def generate_keywords(source: str) -> list[str]:
+    """The keyword names of the one ``self.module.generate(...)`` call in ``source``."""
+    calls = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "generate"
+        and ast.unparse(node.func.value) == "self.module"
+    ]
+    assert len(calls) == 1, len(calls)
+    return [kw.arg for kw in calls[0].keywords]
+
+
+def test_positions_rule_is_in_every_hf_rollout_rule_set():
+    """pascal (the P40 and lab rollout, maxwell too) and volta-turing (same set; HF when
+    chosen); every name of v0.5.0; never ampere-plus (vLLM computes its own positions)."""
+    for ref in ("v0.5.0", vp.V050_COMMIT, "v0.5.0-lab1"):
+        for profile in ("pascal", "maxwell", "volta-turing"):
+            ids = [r.id for r in vp.rule_set(ref, profile).rules]
+            assert ids.count(POSITIONS_RULE) == 1, (ref, profile)
+        assert vp.rule_set(ref, "ampere-plus").rules == ()
+    data = json.loads(vp.ruleset_json("v0.5.0", "pascal"))
+    (rule,) = [r for r in data["rules"] if r["id"] == POSITIONS_RULE]
+    assert rule["file"] == HF_ROLLOUT and rule["old"] == POSITIONS_LINE and rule["count"] == 1
+    assert "position_ids=" not in rule["new"] and rule["new"].strip().startswith("#")
+
+
+def test_positions_rule_drops_only_the_generate_argument(checkout):
+    before = (checkout / HF_ROLLOUT).read_text()
+    assert "position_ids" in generate_keywords(before)  # verl PR #1637, v0.5.0 line 113
+    ruleset = vp.rule_set("v0.5.0", "pascal").to_json_dict()
+    (rule,) = [r for r in ruleset["rules"] if r["id"] == POSITIONS_RULE]
+    A.apply(str(checkout), dict(ruleset, rules=[rule]))
+    after = (checkout / HF_ROLLOUT).read_text()
+    keywords = generate_keywords(after)
+    assert "position_ids" not in keywords
+    assert {"input_ids", "attention_mask", "max_new_tokens", "use_cache"} <= set(keywords)
+    # that line and nothing else: the response's position ids are still built from the
+    # prompt's (v0.5.0 lines 142-153)
+    assert after.replace(rule["new"], "") == before.replace(POSITIONS_LINE, "")
+    assert 'position_ids = prompts.batch["position_ids"]' in after
+
+
+@pytest.mark.parametrize("times", [0, 2])
+def test_positions_line_not_found_exactly_once_is_refused(checkout, tmp_path, times):
+    """A tree where the argument is gone (an upstream change) or doubled: exit 2 naming the
+    rule, the file and the counts; no file of the checkout is written."""
+    path = checkout / HF_ROLLOUT
+    text = path.read_text()
+    assert text.count(POSITIONS_LINE) == 1
+    path.write_text(text.replace(POSITIONS_LINE, POSITIONS_LINE * times))
+    snapshot = tree_hashes(checkout)
+    res = run_cli(checkout, vp.rule_set("v0.5.0", "pascal").to_json_dict(), tmp_path)
+    assert res.returncode == A.EXIT_MISMATCH, res.stdout
+    assert f"rule {POSITIONS_RULE}: {HF_ROLLOUT} (ref v0.5.0, profile pascal)" in res.stdout
+    assert f"found old {times}, new 0" in res.stdout and "no file changed" in res.stdout
+    assert tree_hashes(checkout) == snapshot
+
+
+def test_positions_rule_reverts_on_a_profile_change(checkout, pristine):
+    vp.apply(checkout, "v0.5.0", "pascal")
+    result = vp.apply(checkout, "v0.5.0", "ampere-plus")
+    assert (POSITIONS_RULE, "revert") in result["actions"]
+    assert (checkout / HF_ROLLOUT).read_bytes() == (pristine / HF_ROLLOUT).read_bytes()
 
 
 # --- applier ---------------------------------------------------------------------------------
