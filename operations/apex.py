@@ -41,7 +41,7 @@ from facts.survey import ask
 from operations.progress import Stopwatch
 from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
-from operations.training_user import as_user, mkdir_as
+from operations.training_user import as_user, mkdir_as, put_as
 from p40fleet.apex_build import (
     KEY_FILE,
     WHEEL_TAR,
@@ -296,16 +296,7 @@ def put_wheel(
     # Checked when the upload runs, whether or not the copy looked right while planning.
     yield FunctionCommand(_refuse, (), {})
     yield from mkdir_as(user, remote_tar.rsplit("/", 1)[0])  # S12: as the user, not root
-    yield from files.put._inner(
-        src=local_tar,
-        dest=remote_tar,
-        user=user,
-        group=user,
-        mode="644",
-        add_deploy_dir=False,
-        create_remote_dir=False,
-        assume_exists=True,
-    )
+    yield from put_as(user, local_tar, remote_tar, "644")  # N1: written by the user
 
 
 @operation()
