@@ -362,3 +362,53 @@ def test_staging_runs_as_the_user_with_the_archive_on_stdin():
     assert unpack.endswith(f"< /var/cache/p40fleet/{training_data.DATA_ARCHIVE}")
     assert not home_violations(OpResult(raw=[r.raw[-1]]))
     assert "chown" not in _SU_ARG.sub("", unpack)
+
+
+# -- the unchanged-guards read the user's files as the user ---------------------------------
+
+
+def test_the_survey_reads_no_file_under_the_home_as_root():
+    """The guards' answers come from the survey (one command on a no-op run): every part that
+    reads a file's content under the home is the user's ``UserFile``, never root's
+    ``File``/``Sha1File`` (which follow a planted link and hang on a FIFO)."""
+    from pyinfra.facts.files import Sha1File
+
+    from operations.survey import layer_parts
+
+    parts = layer_parts(SPEC)
+    for cls, kwargs in parts:
+        args = dict(kwargs)
+        if cls in (File, Sha1File):
+            assert not _under_home(args["path"]), (cls.__name__, args)
+    user_files = {dict(k)["path"] for c, k in parts if c is UserFile}
+    assert {
+        f"{HOME}/launch-ppo.sh",
+        f"{CACHE}/verl-patch/verl_patch.py",
+        f"{CACHE}/verl-requirements-{SPEC.requirements_variant}.txt",
+    } <= user_files
+    assert all(dict(k)["user"] == USER for c, k in parts if c is UserFile)
+
+
+def _user_file(path: Path) -> UserFileState:
+    me = pwd.getpwuid(os.getuid()).pw_name
+    fact = UserFile()
+    out = subprocess.run(["sh", "-c", fact.command(path=str(path), user=me)],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    return fact.process(out.stdout.splitlines())
+
+
+def test_user_file_fact_for_real(scratch):
+    import hashlib
+
+    f = scratch / "f"
+    f.write_bytes(b"hello\n")
+    f.chmod(0o755)
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert _user_file(f) == UserFileState("file", 755, me, hashlib.sha1(b"hello\n").hexdigest())
+    (scratch / "link").symlink_to(f)
+    assert _user_file(scratch / "link").kind == "link"  # never read through
+    (scratch / "d").mkdir()
+    assert _user_file(scratch / "d").kind == "dir"
+    os.mkfifo(scratch / "fifo")
+    assert _user_file(scratch / "fifo").kind == "other"  # answered, not hung on
+    assert _user_file(scratch / "none").kind == "missing"
