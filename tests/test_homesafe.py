@@ -412,3 +412,12 @@ def test_user_file_fact_for_real(scratch):
     os.mkfifo(scratch / "fifo")
     assert _user_file(scratch / "fifo").kind == "other"  # answered, not hung on
     assert _user_file(scratch / "none").kind == "missing"
+
+
+def test_the_deploys_call_only_the_walked_operations():
+    """deploy/ calls no pyinfra operation of its own (files.*, server.*): whatever a deploy
+    does on a host goes through operations/, which the walk above covers."""
+    for path in sorted((REPO / "deploy").glob("*.py")):
+        code = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
+        code = re.sub(r'"""(?:.|\n)*?"""', "", code)
+        assert not re.search(r"\b(files|server|systemd|apt|pip|git)\.\w+\(", code), path.name
