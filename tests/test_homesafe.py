@@ -421,3 +421,49 @@ def test_the_deploys_call_only_the_walked_operations():
         code = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
         code = re.sub(r'"""(?:.|\n)*?"""', "", code)
         assert not re.search(r"\b(files|server|systemd|apt|pip|git)\.\w+\(", code), path.name
+
+
+def test_staging_for_real_as_another_user_from_a_root_only_archive(scratch):
+    """N2 for real: root (this test) runs the stage command with the training user ``nobody``;
+    the archive is root's 0600 file, read only through stdin; a symlink the user planted at the
+    staging dir's name points at a root-owned dir, which stays empty; every staged file is
+    nobody's and no chown ran."""
+    if os.geteuid() != 0 or shutil.which("su") is None:
+        pytest.skip("needs root and su")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody")
+    archives = training_data.archives()
+    cache = scratch / "cache"
+    cache.mkdir(mode=0o700)
+    archive = cache / training_data.DATA_ARCHIVE
+    archive.write_bytes(archives[training_data.DATA_ARCHIVE])
+    archive.chmod(0o600)
+    home = scratch / "home"
+    (home / "data").mkdir(parents=True)
+    for path in (home, home / "data"):
+        os.chown(path, nobody.pw_uid, nobody.pw_gid)
+    victim = scratch / "victim"
+    victim.mkdir(mode=0o700)
+    name = SPEC.training.data.name
+    link = home / "data" / f".{name}.p40fleet-staging"
+    os.symlink(victim, link)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    r = run_op(training.stage, which="data", spec=SPEC, facts={
+        StagedDir: StagedDirState(), ArtifactState: ArtifactFile(),
+        FreeSpace: FreeSpaceInfo("/var/cache/p40fleet", "/var", "/", 10**12, 10**11)})  # fmt: skip
+    command = (
+        r.commands[-1]
+        .replace(f"su -s /bin/sh {USER} ", "su -s /bin/sh nobody ")
+        .replace(HOME, str(home))
+        .replace(f"/var/cache/p40fleet/{training_data.DATA_ARCHIVE}", str(archive))
+    )
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert list(victim.iterdir()) == [] and victim.stat().st_uid == 0
+    staged = home / "data" / name
+    files = [staged, *staged.rglob("*")]
+    assert {p.lstat().st_uid for p in files} == {nobody.pw_uid}, files
+    assert (staged / "train.parquet").stat().st_size > 0
+    assert sorted(p.name for p in (home / "data").iterdir()) == [name]
