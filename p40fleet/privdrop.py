@@ -6,6 +6,11 @@ verl checkout's ``.git/config`` -- is the training user's to change, so root nev
 those commands run through :data:`AS_USER_FN` as the training user, with a clean environment
 (``env -i``), from ``/``. ``runuser`` rather than ``setpriv``: it is in util-linux on every
 supported OS (Ubuntu 20.04's setpriv is a separate package there).
+
+Writes follow the same rule (review N1-N3): root never creates, writes, extracts, chowns or
+reads anything under the home. What root must hand over it puts in :data:`STAGE_DIR` (its own,
+0700, outside the home) and streams to a command run as the user (:func:`copy_in_script`),
+which renames it into place: a symlink the user left there is replaced, never followed.
 """
 
 from __future__ import annotations
