@@ -30,6 +30,7 @@ Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch
 from __future__ import annotations
 
 import os
+import posixpath
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
@@ -41,7 +42,7 @@ from facts.survey import ask
 from operations.progress import Stopwatch
 from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
-from operations.training_user import as_user, mkdir_as
+from operations.training_user import as_user, mkdir_as, put_as
 from p40fleet.apex_build import (
     KEY_FILE,
     WHEEL_TAR,
@@ -50,6 +51,8 @@ from p40fleet.apex_build import (
     recorded_sum,
     sha256_of,
 )
+from p40fleet.privdrop import READ_TIMEOUT_S, STAGE_DIR
+from p40fleet.spec import spec_for_host
 
 __all__ = [
     "build_wheel",
@@ -219,13 +222,17 @@ def build_wheel(
 
 
 @operation()
-def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
+def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True, user: str | None = None):
     """
     Copy the builder's wheel tar and its sum to the controller cache; record the sum.
 
     + remote_tar: the tar on the builder (``remote_tar.sha256``: its sum, written by the build)
     + local_tar: where the controller keeps it (one dir per build key)
     + needed: False on hosts that did not build it (no-op)
+    + user: the training user, who reads both (default: the host's spec's ``user.name``)
+
+    Root never reads the user's files (a link there would hand the controller any file of
+    root's): the user's ``cat`` streams each into root's 0700 stage dir, fetched from there.
 
     Both land under temporary names; ``local_tar.sha256`` is written (temp name, then rename)
     and the tar renamed into place only after the copy matches the builder's sum and is a
@@ -234,11 +241,21 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
     if not needed:
         host.noop("apex wheel: not built here")
         return
+    if user is None:
+        user = spec_for_host(host).user.name
     part, part_sum = f"{local_tar}.part", f"{local_tar}.part.sha256"
-    for src, dest in ((remote_tar, part), (f"{remote_tar}.sha256", part_sum)):
+    staged = posixpath.join(STAGE_DIR, f"fetch-{posixpath.basename(posixpath.dirname(remote_tar))}")
+    yield StringCommand("install -d -m 700", QuoteString(STAGE_DIR))
+    for src, dest, name in (
+        (remote_tar, part, f"{staged}.tar"),
+        (f"{remote_tar}.sha256", part_sum, f"{staged}.sha256"),
+    ):
+        read = StringCommand("timeout", str(READ_TIMEOUT_S), "cat --", QuoteString(src))
+        yield StringCommand(as_user(user, read), "</dev/null >", QuoteString(name))
         yield from files.get._inner(
-            src=src, dest=dest, add_deploy_dir=False, create_local_dir=True, force=True
+            src=name, dest=dest, add_deploy_dir=False, create_local_dir=True, force=True
         )
+    yield StringCommand("rm -f", QuoteString(f"{staged}.tar"), QuoteString(f"{staged}.sha256"))
 
     def _record(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
         want, got = recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
@@ -296,16 +313,7 @@ def put_wheel(
     # Checked when the upload runs, whether or not the copy looked right while planning.
     yield FunctionCommand(_refuse, (), {})
     yield from mkdir_as(user, remote_tar.rsplit("/", 1)[0])  # S12: as the user, not root
-    yield from files.put._inner(
-        src=local_tar,
-        dest=remote_tar,
-        user=user,
-        group=user,
-        mode="644",
-        add_deploy_dir=False,
-        create_remote_dir=False,
-        assume_exists=True,
-    )
+    yield from put_as(user, local_tar, remote_tar, "644")  # N1: written by the user
 
 
 @operation()

@@ -1,7 +1,8 @@
 """The training user's PPO launch script, rendered from ``files/launch-ppo.sh.j2``.
 
-The content comes from :func:`p40fleet.launch.plan_launch` (GPU facts + spec). Uploading is
-``files.template``'s: an identical file (same sha1, mode, owner) changes nothing.
+The content comes from :func:`p40fleet.launch.plan_launch` (GPU facts + spec). It is written
+by the training user (``operations.training_user.put_as``: root stages it outside the home);
+an identical file (same sha1, mode, owner, as the user reads it) changes nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
-from pyinfra.operations import files
 
+from facts.home import UserFile
 from facts.survey import ask
 from operations.refuse import refuse
-from operations.survey import rendered, same_file
+from operations.survey import rendered
+from operations.training_user import put_as, same_user_file
 from p40fleet.launch import LaunchPlan
 
 __all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path"]
@@ -62,14 +64,15 @@ def launch_script(
         )
         return
     values = plan.template_vars()
-    if same_file(script_path(home, name), rendered(TEMPLATE, **values), user, user, "755"):
+    dest = script_path(home, name)
+    text = rendered(TEMPLATE, **values)
+    if same_user_file(dest, text, user, "755"):
         return
-    yield from files.template._inner(
-        src=TEMPLATE,
-        dest=script_path(home, name),
-        user=user,
-        group=user,
-        mode="755",
-        create_remote_dir=False,
-        **values,
-    )
+    if ask(host, UserFile, path=dest, user=user).kind == "dir":
+        yield from refuse._inner(
+            step="launch script",
+            reason=f"{dest} is a directory where the launch script goes",
+            remedy=f"as {user}, move it away (mv {dest} {dest}.moved) and re-run",
+        )
+        return
+    yield from put_as(user, text, dest, "755")

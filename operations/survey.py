@@ -38,6 +38,7 @@ from facts.cuda import CudaToolkit, NvccRelease
 from facts.cudnn import CudnnExtracted, CudnnFiles, CudnnHeaderVersion, PathDevice
 from facts.driver import InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
+from facts.home import UserFile
 from facts.host import Cpus, FreeSpace, KernelHeaders, LinuxDistribution, MemTotal
 from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
 from facts.packages import DebInstalled
@@ -185,14 +186,14 @@ def python_parts(spec: StackSpec) -> list[Part]:
         part(MarkerText, path=f"{the_env.rstrip('/')}/{verl.REQUIREMENTS_MARKER}", **as_user),
     ]
     script = posixpath.join(f"{cache}/verl-patch", "verl_patch.py")
-    parts += [part(File, path=script), part(Sha1File, path=script)]
+    parts.append(part(UserFile, path=script, **as_user))
     for profile in verl_patches.PROFILES:
         try:
             rules_json = verl_patches.ruleset_json(spec.verl.ref, profile)
         except VerlPatchError:
             continue  # no rules for this profile: the host is refused before the patch
         _, rules = verl.patch_files(f"{cache}/verl-patch", rules_json)
-        parts += [part(File, path=rules), part(Sha1File, path=rules)]
+        parts.append(part(UserFile, path=rules, **as_user))
         parts.append(
             part(
                 VerlPatchCheck,
@@ -204,7 +205,7 @@ def python_parts(spec: StackSpec) -> list[Part]:
             )  # fmt: skip
         )
     dest = f"{cache}/verl-requirements-{spec.requirements_variant}.txt"
-    return parts + [part(File, path=dest), part(Sha1File, path=dest)]
+    return parts + [part(UserFile, path=dest, **as_user)]
 
 
 def training_parts(spec: StackSpec) -> list[Part]:
@@ -218,8 +219,7 @@ def training_parts(spec: StackSpec) -> list[Part]:
         part(StagedDir, path=staged_dir(spec, "data"), **as_user),
         part(ModelConfig, path=staged_dir(spec, "model"), **as_user),
         part(NvidiaSmi),
-        part(File, path=script),
-        part(Sha1File, path=script),
+        part(UserFile, path=script, **as_user),
     ]
 
 

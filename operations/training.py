@@ -1,14 +1,15 @@
 """Training inputs on a host (model and data from ``stack.training``) and its launch script.
 
 Staging (``stage``): for a model or dataset with an ``archive``, download it into the artifact
-cache (``operations.artifacts.fetch``: sha256 checked before it gets its name), unpack it into a
-temporary directory beside the target, check it holds what training needs
-(``p40fleet.training``), write the marker (the archive's sha256), hand it to the training user
-and rename it into place. A directory whose marker holds the pinned sum and whose files are all
-there is left alone: a re-run downloads nothing and changes nothing. A directory there without a
-marker is the admin's: refused, never overwritten. Without an archive nothing is staged: the
-admin puts the directory there; the run warns when it is incomplete, verify FAILs naming the
-path, and the launch script refuses to start.
+cache (``operations.artifacts.fetch``: sha256 checked before it gets its name), then, AS THE
+TRAINING USER (root only opens its own cached archive and streams it to the user's ``tar``: it
+never acts in the user's directories, N2), unpack it into a temporary directory beside the
+target, check it holds what training needs (``p40fleet.training``), write the marker (the
+archive's sha256) and rename it into place. A directory whose marker holds the pinned sum and
+whose files are all there is left alone: a re-run downloads nothing and changes nothing. A
+directory there without a marker is the admin's: refused, never overwritten. Without an archive
+nothing is staged: the admin puts the directory there; the run warns when it is incomplete,
+verify FAILs naming the path, and the launch script refuses to start.
 
 The launch script (``launch_script``) is sized from the model's ``config.json``. pyinfra reads
 facts when the deploy file loads, before this run's staging has unpacked anything; pyinfra 3
@@ -34,6 +35,7 @@ from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import artifacts
 from operations import launch as launch_ops
 from operations.refuse import refuse
+from operations.training_user import as_user
 from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, plan_launch
 from p40fleet.spec import StackSpec
 from p40fleet.training import (
@@ -102,8 +104,23 @@ def _sq(value: str) -> str:
     return shlex.quote(value)
 
 
-def _unpack_script(which: str, spec: StackSpec, archive_path: str, dest: str) -> str:
-    """Unpack into ``.NAME.p40fleet-staging`` beside ``dest``, check, mark, chown, rename."""
+def _tar_flag(filename: str) -> str:
+    """GNU tar's decompression option for ``filename`` (it cannot guess one on stdin)."""
+    for suffixes, flag in (
+        ((".tar.gz", ".tgz"), " -z"),
+        ((".tar.xz", ".txz"), " -J"),
+        ((".tar.bz2", ".tbz2"), " -j"),
+        ((".tar.zst", ".tzst"), " --zstd"),
+    ):
+        if filename.lower().endswith(suffixes):
+            return flag
+    return ""
+
+
+def _unpack_script(which: str, spec: StackSpec, dest: str) -> str:
+    """sh run AS the training user, the archive on its stdin: unpack into
+    ``.NAME.p40fleet-staging`` beside ``dest``, check, mark, rename (no chown: the user made
+    every file)."""
     archive = getattr(spec.training, which).archive
     assert archive is not None
     user = spec.user.name
@@ -122,16 +139,20 @@ def _unpack_script(which: str, spec: StackSpec, archive_path: str, dest: str) ->
         f"expected {expected}. Remedy: rebuild the archive, or fix "
         f"stack.training.{which} (name, files, archive.sha256)"
     )
+    cannot = (
+        f"{user} cannot create {base}: make it a directory of {user}'s "
+        f"(install -d -o {user} -g {user} {base}) and re-run"
+    )
     q = _sq
     # A single top directory holds the files (tar cf m.tar NAME/); else the top is the dir.
     # The check runs in a subshell so its `exit` ends only the test.
     return "\n".join(
         [
             "set -e",
-            f"[ -d {q(base)} ] || install -d -o {q(user)} -g {q(user)} {q(base)}",
+            f"mkdir -p {q(base)} || {{ echo {q(cannot)} >&2; exit 1; }}",
             f"rm -rf {q(tmp)} {q(old)}",
             f"mkdir {q(tmp)}",
-            f"tar -xf {q(archive_path)} -C {q(tmp)} --no-same-owner",
+            f"tar -xf -{_tar_flag(archive.filename)} -C {q(tmp)} --no-same-owner",
             f"src={q(tmp)}",
             f"set -- {q(tmp)}/* {q(tmp)}/.[!.]*",
             'if [ "$#" -ge 1 ] && [ -d "$1" ] && [ ! -L "$1" ]; then',
@@ -142,7 +163,6 @@ def _unpack_script(which: str, spec: StackSpec, archive_path: str, dest: str) ->
             f"    rm -rf {q(tmp)}; echo {q(lacks)} >&2; exit 1",
             "fi",
             f'echo {q(archive.sha256.lower() + "  " + archive.filename)} > "$src/{MARKER}"',
-            f'chown -R {q(user)}:{q(user)} "$src"',
             f"if [ -e {q(dest)} ]; then mv {q(dest)} {q(old)}; fi",
             f'mv "$src" {q(dest)}',
             f"rm -rf {q(tmp)} {q(old)}",
@@ -195,8 +215,13 @@ def stage(which: str, spec: StackSpec):
     yield from artifacts.fetch._inner(
         url=url, sha256=sha256, dest_dir=cache, filename=archive.filename, size=archive.size
     )
-    script = _unpack_script(which, spec, posixpath.join(cache, archive.filename), dest)
-    yield StringCommand("sh", "-c", QuoteString(script))
+    script = _unpack_script(which, spec, dest)
+    # Root opens its own checked copy; the user's tar reads it on stdin (N2).
+    yield StringCommand(
+        as_user(spec.user.name, StringCommand(script)),
+        "<",
+        QuoteString(posixpath.join(cache, archive.filename)),
+    )
 
 
 def gpu_memory_mib(gpu_count: int, target: Any = None) -> list[int | None]:

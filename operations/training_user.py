@@ -7,17 +7,34 @@ as is (``useradd -M``): never recreated from the skeleton, never wiped.
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
+from collections.abc import Iterator
+from io import BytesIO
+from typing import Any
+
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
+from facts.home import UserFile
 from facts.survey import ask
 from operations.refuse import refuse
 from operations.survey import same_dir
+from p40fleet.privdrop import STAGE_DIR, copy_in_script
 
-__all__ = ["HOME_MODE", "SYSTEM_UID_MAX", "as_user", "mkdir_as", "training_user"]
+__all__ = [
+    "HOME_MODE",
+    "SYSTEM_UID_MAX",
+    "as_user",
+    "home_owner_problem",
+    "mkdir_as",
+    "put_as",
+    "same_user_file",
+    "training_user",
+]
 
 #: The home's mode: the training data, models and checkpoints in it are not world-readable.
 HOME_MODE = "750"
@@ -68,7 +85,23 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
         return
 
     groups = ask(host, Groups)
-    home_exists = bool(ask(host, Directory, path=home))
+    home_info = ask(host, Directory, path=home)
+    home_exists = bool(home_info)
+    if home_info is False:
+        yield from refuse._inner(
+            step="training user",
+            reason=f"{home} exists and is not a directory (a file or a symlink)",
+            remedy=f"move {home} away, or set stack.user.home to the user's own directory",
+        )
+        return
+    if home_info and (problem := home_owner_problem(home, home_info, name, uid)):
+        yield from refuse._inner(
+            step="training user",
+            reason=problem,
+            remedy=f"set stack.user.home to a directory of {name}'s own (e.g. /home/{name}), "
+            f"or, if {home} really is {name}'s, chown {uid}:{uid} {home} by hand",
+        )
+        return
     if (
         existing is not None
         and name in groups
@@ -79,6 +112,16 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
     ):
         return  # what server.user and files.directory would leave unchanged, from the survey
 
+    # S3 at run time too: a home that another uid came to own since the facts were read
+    yield StringCommand(
+        "if [ -e", QuoteString(home), '] && o=$(stat -c %u', QuoteString(home),
+        ') && [ "$o" !=', QuoteString(str(uid)), "]; then echo",
+        QuoteString(f"training user: {home} belongs to uid"), '"$o ($(stat -c %U',
+        QuoteString(home), '))",',
+        QuoteString(f"not to {name} (uid {uid}): refusing to take it over; fix: set "
+                    f"stack.user.home to a directory of {name}'s own"),
+        ">&2; exit 1; fi",
+    )  # fmt: skip
     if name not in groups:
         yield from server.group._inner(group=name, gid=uid)
 
@@ -98,14 +141,52 @@ def training_user(user: str, uid: int, home: str, shell: str = "/bin/bash"):
     yield from files.directory._inner(path=home, user=name, group=name, mode=HOME_MODE)
 
 
+def home_owner_problem(home: str, info: dict, name: str, uid: int) -> str | None:
+    """Why an existing ``home`` (its ``Directory`` fact) is not the training user's to take:
+    it belongs to another user (S3). ``None`` when it is ``name``'s or ``uid``'s."""
+    owner = str(info.get("user"))
+    if owner in (name, str(uid)):
+        return None
+    return (
+        f"{home} exists and belongs to {owner}, not to {name} (uid {uid}): another "
+        "account's home is never taken over"
+    )
+
+
 @operation()
 def directory(path: str, user: str, group: str, mode: str):
     """
-    ``files.directory`` for a directory of the training user; nothing asked again when the
-    survey already shows it right (``operations.survey.same_dir``).
+    A directory of the training user, made and fixed BY that user (``mkdir -p``, ``chgrp``,
+    ``chmod`` as ``user``: root never follows a link the user put there, N3); nothing asked
+    again when the survey already shows it right (``operations.survey.same_dir``).
+
+    Refuses the host when ``path`` is not a directory (a symlink, a file: N6) or belongs to
+    another user (the training user cannot fix that, and root does not act there).
     """
-    if not same_dir(path, user, group, mode):
-        yield from files.directory._inner(path=path, user=user, group=group, mode=mode)
+    if same_dir(path, user, group, mode):
+        return
+    info = ask(host, Directory, path=path)
+    if info is False:
+        yield from refuse._inner(
+            step=f"directory {path}",
+            reason=f"{path} exists and is not a directory (a symlink or a file)",
+            remedy=f"as {user}, move it away (mv {path} {path}.moved) and re-run",
+        )
+        return
+    if info and str(info.get("user")) != user:
+        yield from refuse._inner(
+            step=f"directory {path}",
+            reason=f"{path} belongs to {info.get('user')}, not to the training user {user}",
+            remedy=f"chown {user}:{group} {path} by hand (or move it away) and re-run",
+        )
+        return
+    q = QuoteString(path)
+    yield as_user(
+        user,
+        StringCommand(
+            "mkdir -p", q, "&& chgrp", QuoteString(group), q, "&& chmod", QuoteString(mode), q
+        ),
+    )
 
 
 def as_user(user: str | None, command: StringCommand) -> StringCommand:
@@ -125,6 +206,39 @@ def mkdir_as(user: str, path: str):
     root and chown only the last)."""
     if not ask(host, Directory, path=path):
         yield as_user(user, StringCommand("mkdir -p", QuoteString(path)))
+
+
+def same_user_file(dest: str, content: bytes, user: str, mode: Any = None) -> bool:
+    """``dest`` is a regular file of ``user`` with exactly ``content`` (and ``mode``), as the
+    user reads it (``facts.home.UserFile``, in the survey): nothing to upload."""
+    info = ask(host, UserFile, path=dest, user=user)
+    if info.kind != "file" or info.sha1 != hashlib.sha1(content).hexdigest():
+        return False
+    if info.owner != user or mode is not None and info.mode != int(str(mode), 10):
+        return False
+    host.noop(f"file {dest} is already uploaded")
+    return True
+
+
+def put_as(user: str, content: bytes | str, dest: str, mode: str = "644") -> Iterator[Any]:
+    """Yield the commands that make ``dest`` (under the training user's home) hold ``content``
+    with ``mode``, written by ``user``: root uploads it into its own 0700 ``STAGE_DIR`` and
+    streams it to ``user``'s copy (temp file, rename over ``dest``), then removes its copy.
+    Root never opens, chowns or chmods ``dest`` (N1); a link there is replaced, not followed.
+    ``content``: the bytes, or the path of a local file."""
+    # named after dest (a local file, e.g. the Apex wheel, may not exist until this run builds it)
+    name = hashlib.sha1(dest.encode()).hexdigest()[:16]
+    staged = posixpath.join(STAGE_DIR, f"{name}-{posixpath.basename(dest)}")
+    yield StringCommand("install -d -m 700", QuoteString(STAGE_DIR))
+    yield FileUploadCommand(
+        content if isinstance(content, str) else BytesIO(content),
+        staged,
+        remote_temp_filename=host.get_temp_filename(staged),
+    )
+    yield StringCommand(
+        as_user(user, StringCommand(copy_in_script(dest, mode))),
+        "<", QuoteString(staged), "; rc=$?; rm -f", QuoteString(staged), "; exit $rc",
+    )  # fmt: skip
 
 
 def queued_hosts(state) -> set[str]:

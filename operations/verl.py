@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -21,7 +20,7 @@ from facts.verl import GitCheckout, VerlPatchCheck
 from operations.refuse import refuse, refuse_option_ref
 from operations.survey import same_file
 from operations.torch import pip_command, same_version
-from operations.training_user import as_user, mkdir_as
+from operations.training_user import as_user, mkdir_as, put_as, same_user_file
 from p40fleet.verl_patches import APPLIER_PATH
 
 __all__ = [
@@ -171,15 +170,12 @@ def patch(
     script, rules = patch_files(work_dir, rules_json)
     yield from mkdir_as(user, work_dir)  # as the user: no root-owned directory in its home
     with open(script_src, "rb") as handle:
-        if not same_file(script, handle.read(), user, user, "755"):
-            yield from files.put._inner(
-                src=script_src, dest=script, user=user, group=user, mode="755",
-                add_deploy_dir=False, create_remote_dir=False,
-            )  # fmt: skip
-    if not same_file(rules, rules_json.encode(), user, user):
-        yield from files.put._inner(
-            src=StringIO(rules_json), dest=rules, user=user, group=user, create_remote_dir=False
-        )
+        applier = handle.read()
+    # written by the user (N1): root stages them outside the home
+    if not same_user_file(script, applier, user, "755"):
+        yield from put_as(user, applier, script, "755")
+    if not same_user_file(rules, rules_json.encode(), user, "644"):
+        yield from put_as(user, rules_json.encode(), rules, "644")
     check = ask(
         host,
         VerlPatchCheck,
@@ -235,14 +231,14 @@ def requirements(
     """
     with open(src, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
-    if user:  # as the user: no root-owned directory (or file) in its home
-        yield from mkdir_as(user, posixpath.dirname(dest))
     with open(src, "rb") as handle:
-        if not same_file(dest, handle.read(), user, user):
-            yield from files.put._inner(
-                src=src, dest=dest, user=user, group=user, add_deploy_dir=False,
-                create_remote_dir=not user,
-            )  # fmt: skip
+        text = handle.read()
+    if user:  # written by the user (N1): no root-owned directory or file, no root write there
+        yield from mkdir_as(user, posixpath.dirname(dest))
+        if not same_user_file(dest, text, user, "644"):
+            yield from put_as(user, text, dest, "644")
+    elif not same_file(dest, text):
+        yield from files.put._inner(src=src, dest=dest, add_deploy_dir=False)
     marker = f"{env_dir.rstrip('/')}/{REQUIREMENTS_MARKER}"
     if not fresh_env and ask(host, MarkerText, path=marker, user=user) == digest:
         host.noop(f"verl requirements {posixpath.basename(src)} already installed")

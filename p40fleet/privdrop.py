@@ -6,13 +6,25 @@ verl checkout's ``.git/config`` -- is the training user's to change, so root nev
 those commands run through :data:`AS_USER_FN` as the training user, with a clean environment
 (``env -i``), from ``/``. ``runuser`` rather than ``setpriv``: it is in util-linux on every
 supported OS (Ubuntu 20.04's setpriv is a separate package there).
+
+Writes follow the same rule (review N1-N3): root never creates, writes, extracts, chowns or
+reads anything under the home. What root must hand over it puts in :data:`STAGE_DIR` (its own,
+0700, outside the home) and streams to a command run as the user (:func:`copy_in_script`),
+which renames it into place: a symlink the user left there is replaced, never followed.
 """
 
 from __future__ import annotations
 
 import shlex
 
-__all__ = ["AS_USER_FN", "CLEAN_PATH", "as_user_script"]
+__all__ = [
+    "AS_USER_FN",
+    "CLEAN_PATH",
+    "READ_TIMEOUT_S",
+    "STAGE_DIR",
+    "as_user_script",
+    "copy_in_script",
+]
 
 #: PATH of the dropped commands: system directories only, never one under the home.
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -39,4 +51,30 @@ def as_user_script(user: str, script: str, missing: str = "true") -> str:
         f"{AS_USER_FN}\n"
         f"if id -u {u} >/dev/null 2>&1; then p40fleet_as {u} sh -c {shlex.quote(script)}; "
         f"else {missing}; fi; true"
+    )
+
+
+#: Root's staging directory for what it uploads for the training user (root-owned, mode 0700,
+#: outside the home): root writes only here, the user's command reads the file on its stdin.
+STAGE_DIR = "/var/lib/p40fleet/stage"
+
+#: Seconds a command run as the training user may read one of its files (a FIFO, a file the
+#: user keeps growing): it is ended, not waited for.
+READ_TIMEOUT_S = 120
+
+
+def copy_in_script(dest: str, mode: str) -> str:
+    """sh to run AS the training user: its stdin becomes ``dest`` (mode ``mode``), written to a
+    temporary file beside ``dest`` and renamed over it. Whatever is at ``dest`` -- a file, a
+    symlink -- is replaced, never followed; a directory there stops the command, naming it."""
+    d = shlex.quote(dest)
+    moved = shlex.quote(
+        f"{dest} is a directory where p40fleet writes a file: move it away "
+        f"(mv {dest} {dest}.moved) and re-run"
+    )
+    return (
+        f"if [ -d {d} ] && [ ! -L {d} ]; then echo {moved} >&2; exit 1; fi; "
+        f"t=$(mktemp {shlex.quote(dest + '.p40fleet-XXXXXX')}) || exit 1; "
+        f'if cat > "$t" && chmod {shlex.quote(mode)} "$t" && mv -fT "$t" {d}; then exit 0; fi; '
+        'rm -f "$t"; exit 1'
     )

@@ -20,6 +20,7 @@ from facts.gpu import PciGpu, PciGpus
 from operations import apex, apex_fleet, conda
 from p40fleet import apex_build
 from p40fleet.gpu_catalog import lookup
+from p40fleet.privdrop import STAGE_DIR
 from p40fleet.spec import load_spec
 from tests.opharness import run_op
 
@@ -474,5 +475,11 @@ def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
         default_facts=True,
     )
     assert result.commands[0] == "function _refuse"
-    assert "upload /w/apex-wheel.tar" in result.commands
+    # N1: uploaded into root's stage dir, copied in by the user (never root's upload to /w/...)
+    assert not any(c.startswith("upload /w/") for c in result.commands), result.commands
+    assert any(c.startswith(f"upload {STAGE_DIR}/") for c in result.commands)
+    assert any(
+        c.startswith("su -s /bin/sh verl -c ") and "/w/apex-wheel.tar" in c and STAGE_DIR in c
+        for c in result.commands
+    )
     assert result.functions[0].function(None, LOG_HOST) is False

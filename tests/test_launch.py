@@ -10,13 +10,15 @@ import shlex
 import subprocess
 
 import pytest
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir, Users
 
+from facts.home import UserFile, UserFileState
 from operations import launch as launch_op
 from p40fleet import launch
 from p40fleet import verl_patches as vp
 from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for
+from p40fleet.privdrop import STAGE_DIR
 from p40fleet.spec import SpecError, load_spec
 from tests.opharness import at, run_op
 
@@ -296,16 +298,27 @@ FRESH = {
     at(Directory, path=HOME): {"mode": 750},
     File: None,
     Directory: None,
+    UserFile: UserFileState(),
     TmpDir: "/tmp",
 }
 
 
+def staged_upload(r) -> tuple[str, str]:
+    """The one upload of the launch script: (root's stage path, its text)."""
+    [(dest, data)] = [
+        (d, v) for d, v in r.uploads.items() if d.endswith("-" + launch_op.SCRIPT_NAME)
+    ]
+    return dest, data.decode() if isinstance(data, bytes) else data
+
+
 def render(plan) -> str:
     r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=FRESH)
-    return r.uploads[SCRIPT]
+    return staged_upload(r)[1]
 
 
-def test_operation_uploads_owned_by_the_user_mode_755():
+def test_operation_stages_the_script_outside_the_home_and_the_user_writes_it():
+    """N1: root uploads into its own 0700 stage dir; the user copies it in (mode 755, a
+    rename over whatever is at the path: a planted symlink is replaced, never followed)."""
     r = run_op(
         launch_op.launch_script,
         plan=plan_launch(SPEC, [P40] * 4),
@@ -313,23 +326,52 @@ def test_operation_uploads_owned_by_the_user_mode_755():
         home=HOME,
         facts=FRESH,
     )
-    assert r.commands == [f"upload {SCRIPT}", f"chown verl:verl {SCRIPT}", f"chmod 755 {SCRIPT}"]
+    staged, _ = staged_upload(r)
+    assert staged.startswith(STAGE_DIR + "/") and not staged.startswith(HOME)
+    assert r.commands[0] == f"install -d -m 700 {STAGE_DIR}"
+    assert r.commands[1] == f"upload {staged}"
+    copy = r.commands[2]
+    assert copy.startswith("su -s /bin/sh verl -c ") and SCRIPT in copy
+    assert "chmod 755" in copy and f'mv -fT "$t" {SCRIPT}' in copy
+    assert copy.endswith(f"< {staged} ; rc=$?; rm -f {staged} ; exit $rc")
+    assert not any(c.startswith(("chown", "chmod", "cp ")) for c in r.commands)
 
 
 def test_operation_identical_script_is_no_change():
     plan = plan_launch(SPEC, [P40] * 4)
     text = render(plan)
-    facts = {
-        **FRESH,
-        at(File, path=SCRIPT): {"mode": 755, "user": "verl", "group": "verl"},
-        Sha1File: hashlib.sha1(text.encode()).hexdigest(),
-    }
+    same = UserFileState("file", 755, "verl", hashlib.sha1(text.encode()).hexdigest())
+    facts = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): same}
     r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts)
     assert r.commands == [] and r.noops
     # another GPU count is another script
     other = plan_launch(SPEC, [P40] * 8)
     r = run_op(launch_op.launch_script, plan=other, user="verl", home=HOME, facts=facts)
-    assert r.commands[0] == f"upload {SCRIPT}"
+    assert r.commands[1].startswith(f"upload {STAGE_DIR}/")
+    # the same text at another mode, or owned by someone else, is written again
+    for wrong in (
+        UserFileState("file", 644, "verl", same.sha1),
+        UserFileState("file", 755, "root", same.sha1),
+    ):
+        facts = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): wrong}
+        assert run_op(
+            launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts
+        ).changed
+
+
+def test_a_symlink_at_the_script_is_replaced_by_the_user_and_a_directory_refuses_the_host():
+    plan = plan_launch(SPEC, [P40] * 4)
+    link = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): UserFileState("link")}
+    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=link)
+    assert any(c.startswith("su -s /bin/sh verl -c") for c in r.commands) and not r.failures
+    folder = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): UserFileState("dir")}
+    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=folder)
+    assert r.commands == ["function _fail"]
+    assert (
+        SCRIPT in r.failures[0]
+        and "is a directory" in r.failures[0]
+        and "move it away" in r.failures[0]
+    )
 
 
 def test_operation_refuses_without_the_training_user_or_home():

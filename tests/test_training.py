@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import os
 import subprocess
 
 import pytest
@@ -85,7 +86,11 @@ def test_not_staged_downloads_from_the_mirror_then_unpacks():
     ]
     assert f"{MIRROR}/{training_data.MODEL_ARCHIVE}" in download, r.commands
     assert MODEL_SUM in download  # the sum is checked before the rename
-    assert r.commands[-1].startswith("sh -c ") and "tar -xf" in r.commands[-1]
+    # N2: the user's tar reads root's checked copy on stdin; nothing of it runs as root
+    unpack = r.commands[-1]
+    assert unpack.startswith("su -s /bin/sh verl -c ") and "tar -xf - -z" in unpack
+    assert unpack.endswith(f"< {CACHE}/{training_data.MODEL_ARCHIVE}")
+    assert not any(line.startswith(("chown", "install")) for line in unpack.splitlines())
 
 
 def test_a_lost_file_is_unpacked_again_from_the_verified_cache():
@@ -120,19 +125,17 @@ def test_unpack_script_for_real_then_the_fact_says_staged(tmp_path, which):
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / archive.filename).write_bytes(ARCHIVES[archive.filename])
-    script = training._unpack_script(
-        which, SPEC, f"{CACHE}/{archive.filename}", MODEL_DIR if which == "model" else DATA_DIR
-    )
+    script = training._unpack_script(which, SPEC, MODEL_DIR if which == "model" else DATA_DIR)
     home = tmp_path / "home"
-    script = script.replace(CACHE, str(cache)).replace("/home/verl", str(home))
-    script = script.replace("verl:verl", "root:root").replace("-o verl -g verl", "-o root -g root")
+    script = script.replace("/home/verl", str(home))
     (home / "models").mkdir(parents=True)
     dest = home / ("models/tiny-qwen2" if which == "model" else "data/gsm8k-lab")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.mkdir()  # an earlier copy (from an older archive): replaced whole
     (dest / MARKER).write_text("b" * 64 + "\n")
     (dest / "stale.txt").write_text("old")
-    proc = sh(script)
+    with open(cache / archive.filename, "rb") as stdin:  # the archive on stdin, as root gives it
+        proc = subprocess.run(["sh", "-c", script], stdin=stdin, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     state = StagedDir().process(
         sh(StagedDir().command(user=ME, path=str(dest))).stdout.splitlines()
@@ -153,16 +156,17 @@ def test_unpack_script_refuses_an_archive_without_the_data_files(tmp_path):
     import tarfile
 
     raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:  # as the spec's .tar.gz says
         info = tarfile.TarInfo("gsm8k-lab/other.parquet")
         info.size = 4
         tar.addfile(info, io.BytesIO(b"PAR1"))
     (tmp_path / "d.tar").write_bytes(raw.getvalue())
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
-    script = training._unpack_script("data", SPEC, str(tmp_path / "d.tar"), DATA_DIR)
-    script = script.replace("/home/verl", str(home)).replace("verl:verl", "root:root")
-    proc = sh(script)
+    script = training._unpack_script("data", SPEC, DATA_DIR)
+    script = script.replace("/home/verl", str(home))
+    with open(tmp_path / "d.tar", "rb") as stdin:
+        proc = subprocess.run(["sh", "-c", script], stdin=stdin, capture_output=True, text=True)
     assert proc.returncode == 1
     assert "does not hold the data files" in proc.stderr and "train.parquet" in proc.stderr
     assert not (home / "data" / "gsm8k-lab").exists()
@@ -208,7 +212,7 @@ def launch(config, model_queued: bool, make_plan=None):
 def test_launch_script_is_planned_from_the_staged_config():
     r, seen = launch(CONFIG, model_queued=False)
     assert seen == [CONFIG]
-    script = r.uploads["/home/verl/launch-ppo.sh"]
+    [script] = [v.decode() for d, v in r.uploads.items() if d.endswith("-launch-ppo.sh")]
     assert f"MODEL_PATH={MODEL_DIR}" in script
     assert "TRAIN_FILE=/home/verl/data/gsm8k-lab/train.parquet" in script
 
@@ -268,8 +272,9 @@ def _user(facts):
 
 def test_user_created_with_fixed_uid_and_home_from_skel():
     result = _user({Users: {}, Directory: None})
-    assert result.commands[0] == "groupadd verl --gid 2001"
-    useradd = result.commands[1]
+    assert result.commands[0].startswith("if [ -e /home/verl ] && o=$(stat -c %u")  # S3 guard
+    assert result.commands[1] == "groupadd verl --gid 2001"
+    useradd = result.commands[2]
     assert useradd.startswith("useradd ") and useradd.endswith(" verl")
     assert "--uid 2001" in useradd and "-s /bin/bash" in useradd and "-m" in useradd.split()
 
@@ -279,6 +284,35 @@ def test_user_after_reinstall_reuses_existing_home():
     useradd = next(c for c in result.commands if c.startswith("useradd"))
     assert "-M" in useradd.split() and "-m" not in useradd.split()
     assert not any("rm " in c for c in result.commands)
+
+
+def test_an_existing_home_of_another_user_is_refused_naming_its_owner():
+    """S3: /home/alice (alice's) as stack.user.home is never taken over."""
+    result = run_op(
+        training_user.training_user, user="verl", uid=2001, home="/home/alice",
+        facts={**USER_FACTS, Users: {},
+               Directory: {"user": "alice", "group": "alice", "mode": 700}},
+    )  # fmt: skip
+    assert result.commands == ["function _fail"], result.commands
+    assert "/home/alice" in result.failures[0] and "belongs to alice" in result.failures[0]
+    assert "stack.user.home" in result.failures[0]
+    # a home of root (an admin's mkdir) likewise; a home already verl's or uid 2001's is kept
+    for owner, refused in (("root", True), ("verl", False), (2001, False)):
+        facts = {Users: {}, Directory: {"user": owner, "group": owner, "mode": 750}}
+        assert bool(_user(facts).failures) is refused, owner
+
+
+def test_the_home_owner_is_checked_again_when_the_user_is_created(tmp_path):
+    """S3 at run time: the guard command refuses a home another uid owns, naming it."""
+    guard = _user({Users: {}, Directory: None}).commands[0]
+    home = tmp_path / "alice"
+    home.mkdir()
+    proc = sh(guard.replace("/home/verl", str(home)).replace("2001", str(os.getuid() + 1)))
+    assert proc.returncode == 1 and "belongs to uid" in proc.stderr, proc.stderr
+    assert f"{os.getuid()} (" in proc.stderr
+    assert (
+        sh(guard.replace("/home/verl", str(home)).replace("2001", str(os.getuid()))).returncode == 0
+    )
 
 
 def test_user_with_other_uid_is_refused():

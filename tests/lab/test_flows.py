@@ -516,3 +516,71 @@ def test_root_never_runs_the_training_users_env_or_git_config(fleet, tmp_path):
         unset = as_verl(f"git -C {checkout} config --unset core.fsmonitor")
         lab.ssh("lab1", f"rm -f {pth}; rm -rf {marks}; {unset}")
     print(f"S1 plants, deploy/full.py --limit lab1 + verify: {time.monotonic() - t0:.1f} s")
+
+
+def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
+    """N1, N2, N3 on a converged host: as the training user, plant a symlink to a root-owned
+    0600 file at every path root wrote under the home before (launch script, verl patch applier
+    and rules, requirements file), drop a staged data file (the staging runs again) and run
+    deploy/full.py: every target is unchanged and still root's 0600, each link is replaced by
+    the user's own file, and the host converges. Then ~/data as a symlink to a root-owned dir:
+    the host is refused naming ~/data, the dir is unchanged; put back, it converges again."""
+    import shlex
+
+    lab = fleet["lab"]
+    home = "/home/verl"
+    cache = f"{home}/.cache/p40fleet"
+    rules = lab.ssh("lab1", f"ls {cache}/verl-patch/", check=True).stdout.split()
+    planted = [f"{home}/launch-ppo.sh", f"{cache}/verl-patch/verl_patch.py",
+               *(f"{cache}/verl-patch/{r}" for r in rules if r.startswith("rules-")),
+               *lab.ssh("lab1", f"ls -d {cache}/verl-requirements-*.txt",
+                        check=True).stdout.split()]  # fmt: skip
+    assert len(planted) >= 4, planted
+
+    def as_verl(command: str) -> str:
+        return f"su -s /bin/sh verl -c {shlex.quote(command)}"
+
+    def victims() -> str:  # name owner mode sha1 of every root-owned target
+        return lab.ssh("lab1", "cd /root/p40fleet-n1 && for f in *; do "
+                       'echo "$f $(stat -c "%u %a" "$f") $(sha1sum < "$f")"; done; '
+                       "stat -c '%u %a' /root/p40fleet-n3", check=True).stdout  # fmt: skip
+
+    data = f"/home/verl/data/{lab.state['stack']['training']['data']['name']}"
+    setup = ["rm -rf /root/p40fleet-n1 /root/p40fleet-n3", "mkdir -m 700 /root/p40fleet-n1",
+             "mkdir -m 700 /root/p40fleet-n3"]  # fmt: skip
+    for i, path in enumerate(planted):
+        victim = f"/root/p40fleet-n1/v{i}"
+        setup += [f"echo 'root secret {i}' > {victim}", f"chmod 600 {victim}",
+                  as_verl(f"ln -sfn {victim} {path}")]  # fmt: skip
+    setup.append(as_verl(f"rm {data}/train.parquet"))  # staging runs again, as verl
+    lab.ssh("lab1", " && ".join(setup), check=True)
+    try:
+        before = victims()
+        t0 = time.monotonic()
+        result = full("--limit", "lab1")
+        print(f"N1 plants, deploy/full.py --limit lab1: {time.monotonic() - t0:.1f} s")
+        assert_converged(result, hosts=("lab1",))
+        assert victims() == before  # content, owner 0 and mode 600 of every target
+        for path in planted:  # the user's own regular file now, not a link
+            kind = lab.ssh("lab1", f"stat -c '%F %U' {path}", check=True).stdout.strip()
+            assert kind == "regular file verl", (path, kind)
+        owners = lab.ssh("lab1", f"stat -c %U {data} {data}/*", check=True).stdout.split()
+        assert set(owners) == {"verl"}, owners
+        again = full("--limit", "lab1")
+        assert_converged(again, hosts=("lab1",))
+        assert again.changed_operations("lab1") == []
+
+        # N3/N6: ~/data a symlink to a root-owned dir: lab1 refused alone, naming it
+        lab.ssh("lab1", as_verl("mv /home/verl/data /home/verl/data.kept && "
+                                "ln -s /root/p40fleet-n3 /home/verl/data"), check=True)  # fmt: skip
+        refused = full("--limit", "lab1")
+        assert refused.errors["lab1"], refused.output[-3000:]
+        assert "/home/verl/data exists and is not a directory" in refused.output
+        assert "move it away" in refused.output
+        assert victims() == before
+    finally:
+        lab.ssh("lab1", as_verl("if [ -L /home/verl/data ] && [ -d /home/verl/data.kept ]; "
+                                "then rm /home/verl/data && mv /home/verl/data.kept "
+                                "/home/verl/data; fi"))  # fmt: skip
+        lab.ssh("lab1", "rm -rf /root/p40fleet-n1 /root/p40fleet-n3")
+    assert_converged(full("--limit", "lab1"), hosts=("lab1",))
