@@ -67,6 +67,7 @@ def _under_home_args(cls: type[FactBase]) -> dict:
         "env_name": SPEC.env.name,
         "verl_ref": "v0.5.0",
         "overrides": (),
+        "packages": ("dkms", "build-essential"),
     }
     args = {name: values.get(name, f"{HOME}/{name}") for name in _command_params(cls)}
     if cls is VerifyProbe:  # its one argument is the targets: every path under the home
