@@ -97,7 +97,7 @@ class Membership:
         return name == self.head or self.trains(name)
 
 
-_CACHE: dict[int, Membership] = {}
+_CACHE: list[tuple[object, Membership]] = []  # (the pyinfra state, its membership)
 
 
 def _head_address(head: str, spec: StackSpec) -> str:
@@ -106,11 +106,10 @@ def _head_address(head: str, spec: StackSpec) -> str:
 
 def membership(spec: StackSpec) -> Membership:
     """The cluster of this run (computed once per pyinfra state: every host plans the same)."""
-    key = id(inventory.state)
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = _membership(spec)
-    return _CACHE[key]
+    state = inventory.state
+    if not _CACHE or _CACHE[0][0] is not state:
+        _CACHE[:] = [(state, _membership(spec))]
+    return _CACHE[0][1]
 
 
 def _membership(spec: StackSpec) -> Membership:
@@ -229,5 +228,5 @@ def verify_checks(spec: StackSpec) -> list[Check]:
         address=plan.address,
         nodes=expected_nodes(spec, members),
         pci_gpus=pci,
-        ray_gpus=0 if "--num-gpus=0" in plan.argv else pci,
+        ray_gpus=pci if members.trains(host.name) else 0,  # a head that does not train: 0
     )

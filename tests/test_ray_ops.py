@@ -106,9 +106,14 @@ class _Member:
             for i, d in enumerate(devices, 1)
         ]
 
+    probe = None  # what facts.ray.RayStatus answers here (verify)
+
     def get_fact(self, cls, **kwargs):
         from facts.gpu import PciGpus
+        from facts.ray import RayStatus
 
+        if cls is RayStatus and self.probe is not None:
+            return self.probe
         assert cls is PciGpus, cls
         self.asked.append(cls)
         return self._gpus
@@ -284,3 +289,22 @@ def test_a_left_out_host_runs_no_member():
         f"rm -f {UNIT_PATH}",
         "systemctl daemon-reload",
     ]
+
+
+def test_verify_follows_the_membership(fleet, monkeypatch):
+    from p40fleet.ray import RayProbe
+
+    ray_cluster, members = fleet()
+    lab3 = members["lab3"]
+    monkeypatch.setattr(ray_cluster, "host", lab3)
+    lab3.probe = RayProbe()  # no unit: the plan leaves it out, nothing to run
+    (skip,) = ray_cluster.verify_checks(SPEC)
+    assert skip.status == "SKIP" and "1 GPU(s), fewer than the 8 every node runs" in skip.detail
+    lab3.probe = RayProbe(unit=True, active="active", enabled="enabled")  # an old plan's unit
+    (fail,) = ray_cluster.verify_checks(SPEC)
+    assert fail.status == "FAIL" and "left out of the Ray cluster" in fail.detail
+    lab2 = members["lab2"]  # the training node: the member checks, 2 nodes expected
+    monkeypatch.setattr(ray_cluster, "host", lab2)
+    lab2.probe = RayProbe(unit=True, active="active", enabled="enabled")
+    checks = ray_cluster.verify_checks(SPEC)
+    assert [c.name for c in checks] == ["ray service", "ray cluster", "ray GPUs"]
