@@ -615,7 +615,7 @@ def cluster_shape(
         )
     candidates = []
     for k in sorted({len(g) for g in gpu_nodes.values()}):
-        members = sorted(n for n, g in gpu_nodes.items() if len(g) >= k)
+        members = sorted((n for n, g in gpu_nodes.items() if len(g) >= k), key=_natural)
         mem = _catalog_memory([x for n in members for x in gpu_nodes[n]])
         candidates.append(((k * len(members), -len(members), mem or 0.0), members, k, mem))
     _, members, k, mem = max(candidates, key=lambda c: c[0])  # keys are unique per k

@@ -325,6 +325,11 @@ def test_demo_fleet_trains_on_8_gpus_and_names_who_is_left_out():
     assert "is a training node" in render(member) and "RAY_ADDRESS=local\n" not in render(member)
 
 
+def test_members_and_left_out_hosts_are_listed_as_the_lab_names_them():
+    shape = launch.cluster_shape({f"lab{i}": [P40] * (1 if i == 3 else 2) for i in (10, 2, 3)})
+    assert shape.members == ("lab2", "lab10") and shape.left_out[0][0] == "lab3"
+
+
 def test_refused_and_cpu_only_members_are_left_out_with_their_reason():
     shape = launch.cluster_shape(
         {"head": [], "a": [P40] * 2, "b": [P40] * 2, "k": [K80]}, refused={"k": "Kepler"}
