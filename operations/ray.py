@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import files, systemd
 
@@ -22,7 +22,7 @@ from facts.survey import ask
 from operations.refuse import refuse
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayPlan
 
-__all__ = ["TEMPLATE", "ray_member"]
+__all__ = ["TEMPLATE", "ray_left_out", "ray_member"]
 
 TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "ray.service.j2")
 STEP = "ray cluster"
@@ -73,3 +73,21 @@ def ray_member(plan: RayPlan):
         enabled=True,
         daemon_reload=bool(unit),
     )
+
+
+@operation()
+def ray_left_out(why: str):
+    """
+    Run no Ray member here: this host is not in the cluster's plan (it trains alone).
+
+    + why: why the plan leaves it out (for the log)
+
+    A unit of an earlier plan is stopped, disabled and removed (pyinfra's own operations);
+    no unit: nothing to do.
+    """
+    if not ask(host, File, path=UNIT_PATH):
+        host.noop(f"no Ray member here: left out of the cluster ({why})")
+        return
+    yield from systemd.service._inner(service=UNIT_NAME, running=False, enabled=False)
+    yield from files.file._inner(path=UNIT_PATH, present=False)
+    yield StringCommand("systemctl", "daemon-reload")

@@ -1,14 +1,26 @@
-"""Who is in the Ray cluster, from the inventory and the spec (no operation here).
+"""Who is in the Ray cluster, from the inventory, the spec and what the last full run learnt
+(no operation here).
 
 The head: ``stack.ray.head``, else the one host of the inventory group ``ray_head``. The
 members dial ``stack.ray.head_address``, else the head's ``ssh_hostname``, else its name.
-verify expects ``stack.ray.nodes`` nodes, else every host of the inventory.
+
+Membership (:func:`membership`, once per run): every inventory host's PCI GPUs decide who
+trains (``p40fleet.launch.cluster_shape``: the per-node count and the nodes that train on the
+most GPUs). A host in this run is read from its own survey; a host outside it (``--limit``) or
+unreachable is read from the controller's record of the last full run
+(``p40fleet.ray.members_path()``: ``$P40FLEET_CACHE/ray-members.json``), so a limited run plans
+the same cluster a full one does. A host in neither: no plan ("never silently a smaller
+cluster"), every host's launch script and Ray member are left as they are and the run says
+why. A run that reached every inventory host writes the record (when it changed).
+The Ray units follow the same membership: the head (``--num-gpus=0`` when it is not a training
+node) and the training nodes run a member; a host left out runs none. verify expects
+``stack.ray.nodes`` nodes, else the head and the training nodes.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host, inventory
@@ -18,41 +30,142 @@ from facts.gpu import PciGpus
 from facts.ray import RayStatus
 from facts.survey import ask
 from operations.survey import survey_host
-from p40fleet.launch import ClusterShape, cluster_shape
-from p40fleet.ray import HEAD_GROUP, RayError, RayPlan, choose_head, plan_ray, ray_cli
+from p40fleet.launch import ClusterShape, LaunchError, cluster_shape
+from p40fleet.ray import (
+    HEAD_GROUP,
+    RayError,
+    RayPlan,
+    choose_head,
+    load_members,
+    members_path,
+    plan_ray,
+    ray_cli,
+    save_members,
+)
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification.check import FAIL, Check
-from p40fleet.verification.ray_checks import ray_checks
+from p40fleet.verification.ray_checks import left_out_checks, ray_checks
 
 __all__ = [
+    "Membership",
     "configured",
     "expected_nodes",
     "head_group",
     "member_gpus",
+    "membership",
     "plan_for_host",
-    "shape_of",
     "verify_checks",
 ]
+
+_FULL_RUN = "run the deploy without --limit, with every inventory host reachable"
+
+
+def _member(member: Any) -> tuple[list | None, str]:
+    """A member's PCI GPUs from its own survey, or None and why its spec or GPUs refuse it."""
+    try:
+        member_spec = spec_for_host(member)
+    except SpecError as exc:
+        return None, f"spec: {' '.join(str(exc).split())}"
+    survey_host(member, member_spec)
+    gpus = list(ask(member, PciGpus))
+    summary = member_spec.gpu_summary(gpus)
+    return (gpus, "") if summary.ok else (None, f"GPUs {summary.gpus_str}: {summary.refused}")
 
 
 def member_gpus(member: Any) -> list | None:
     """A member's PCI GPUs, from its own survey (asked once per run; facts do not use the host
-    in context). None when its own spec or GPUs refuse it: its preflight refuses it and it runs
-    no member, whether or not its deploy code has run yet (pyinfra prepares hosts side by side,
-    so ``operations.refuse.refused_hosts`` may not know it yet)."""
+    in context). None when its own spec or GPUs refuse it: it is left out of the cluster."""
+    return _member(member)[0]
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The cluster this run plans: its shape (None: no plan, ``problem`` says why), the head,
+    its address, and ``notes`` on where the facts came from."""
+
+    shape: ClusterShape | None
+    head: str = ""
+    address: str = ""
+    problem: str = ""
+    notes: tuple[str, ...] = ()
+
+    def trains(self, name: str) -> bool:
+        return self.shape is not None and name in self.shape.members
+
+    def runs_member(self, name: str) -> bool:
+        """The Ray units follow the plan: the head and the training nodes run one."""
+        return name == self.head or self.trains(name)
+
+
+_CACHE: list[tuple[object, Membership]] = []  # (the pyinfra state, its membership)
+
+
+def _head_address(head: str, spec: StackSpec) -> str:
+    return spec.ray.head_address or inventory.get_host(head).data.get("ssh_hostname") or head
+
+
+def membership(spec: StackSpec) -> Membership:
+    """The cluster of this run (computed once per pyinfra state: every host plans the same)."""
+    state = inventory.state
+    if not _CACHE or _CACHE[0][0] is not state:
+        _CACHE[:] = [(state, _membership(spec))]
+    return _CACHE[0][1]
+
+
+def _membership(spec: StackSpec) -> Membership:
     try:
-        member_spec = spec_for_host(member)
-    except SpecError:
-        return None
-    survey_host(member, member_spec)
-    gpus = list(ask(member, PciGpus))
-    return gpus if member_spec.gpu_summary(gpus).ok else None
-
-
-def shape_of(members: Iterable[Any]) -> ClusterShape:
-    """The Ray cluster's shape over ``members`` (inventory hosts), the refused ones left out."""
-    nodes = {member.name: member_gpus(member) for member in members}
-    return cluster_shape({name: gpus for name, gpus in nodes.items() if gpus is not None})
+        head = choose_head(spec, head_group(), (h.name for h in inventory))
+    except RayError as exc:
+        return Membership(None, problem=f"{exc.cause} ({exc.fix})")
+    address = f"{_head_address(head, spec)}:{spec.ray.port}"
+    cluster = f"{head}@{address}"
+    active = {h.name for h in inventory.get_active_hosts()}
+    learnt = None
+    gpus: dict[str, list[int]] = {}
+    refused: dict[str, str] = {}
+    recorded: list[str] = []
+    unknown: list[str] = []
+    for member in inventory:
+        name = member.name
+        if name in active:
+            found, why = _member(member)
+            if found is None:
+                refused[name] = why
+            else:  # device ids: the same as a record's, so both plan the same
+                gpus[name] = [getattr(g, "device_id", g) for g in found]
+            continue
+        learnt = learnt or load_members(cluster)
+        if learnt is not None and name in learnt.gpus:
+            gpus[name] = list(learnt.gpus[name])
+        elif learnt is not None and name in learnt.refused:
+            refused[name] = learnt.refused[name]
+        else:
+            unknown.append(name)
+            continue
+        recorded.append(name)
+    record = members_path()
+    if unknown:
+        return Membership(
+            None,
+            head,
+            address,
+            problem=f"the cluster's members {', '.join(unknown)} are not in this run (--limit) "
+            f"or unreachable, and {record} has no record of them from a full run: the cluster "
+            f"is not planned from a part of it ({_FULL_RUN})",
+        )
+    notes = []
+    if recorded:
+        when = learnt.learnt if learnt is not None else "?"
+        notes.append(f"{', '.join(recorded)} not in this run: sized from the last full run "
+                     f"({record}, learnt {when})")  # fmt: skip
+    else:
+        if save_members(cluster, gpus, refused):
+            notes.append(f"recorded the members' GPUs in {record}")
+    try:
+        shape = cluster_shape(gpus, refused=refused, name=f"headed by {head} ({address})")
+    except LaunchError as exc:
+        return Membership(None, head, address, problem=str(exc), notes=tuple(notes))
+    return Membership(shape, head, address, notes=tuple(notes))
 
 
 def head_group() -> list[str]:
@@ -67,12 +180,14 @@ def configured(spec: StackSpec) -> bool:
     return spec.ray.head is not None or bool(head_group())
 
 
-def plan_for_host(spec: StackSpec) -> RayPlan:
-    """This host's plan; raises :class:`p40fleet.ray.RayError` when no head can be chosen."""
+def plan_for_host(spec: StackSpec, members: Membership | None = None) -> RayPlan:
+    """This host's plan; raises :class:`p40fleet.ray.RayError` when no head can be chosen.
+    ``members``: the run's membership; a head that is not a training node offers Ray no GPU."""
     head = choose_head(spec, head_group(), (h.name for h in inventory))
-    address = spec.ray.head_address or inventory.get_host(head).data.get("ssh_hostname") or head
+    address = _head_address(head, spec)
     own_ip = _ip_or_none(host.data.get("ssh_hostname"))
-    return plan_ray(spec, host.name, head, address, node_ip=own_ip)
+    gpus = 0 if members is not None and host.name == head and not members.trains(head) else None
+    return plan_ray(spec, host.name, head, address, node_ip=own_ip, num_gpus=gpus)
 
 
 def _ip_or_none(value: object) -> str | None:
@@ -83,23 +198,35 @@ def _ip_or_none(value: object) -> str | None:
         return None
 
 
-def expected_nodes(spec: StackSpec) -> int:
-    return spec.ray.nodes or len(list(inventory))
+def expected_nodes(spec: StackSpec, members: Membership | None = None) -> int:
+    """``stack.ray.nodes``, else the head and the training nodes (else every inventory host)."""
+    if spec.ray.nodes:
+        return spec.ray.nodes
+    if members is None or members.shape is None:
+        return len(list(inventory))
+    return len({members.head, *members.shape.members})
 
 
 def verify_checks(spec: StackSpec) -> list[Check]:
     """The Ray checks of this host for deploy/verify.py; none when no cluster is configured."""
     if not configured(spec):
         return []
+    members = membership(spec)
+    if members.shape is None:
+        return [Check("ray", FAIL, members.problem, _FULL_RUN)]
     try:
-        plan = plan_for_host(spec)
+        plan = plan_for_host(spec, members)
     except RayError as exc:
         return [Check("ray", FAIL, exc.cause, exc.fix)]
     probe = ask(host, RayStatus, ray=ray_cli(spec), address=plan.address,
                           temp_dir=spec.ray.temp_dir, user=spec.user.name)  # fmt: skip
+    if not members.runs_member(host.name):
+        return left_out_checks(probe, members.shape.why_left_out(host.name) or "not a member")
+    pci = len(list(ask(host, PciGpus)))
     return ray_checks(
         probe,
         address=plan.address,
-        nodes=expected_nodes(spec),
-        pci_gpus=len(list(ask(host, PciGpus))),
+        nodes=expected_nodes(spec, members),
+        pci_gpus=pci,
+        ray_gpus=pci if members.trains(host.name) else 0,  # a head that does not train: 0
     )

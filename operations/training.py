@@ -251,6 +251,7 @@ def host_plan(
         smi_memory_mib=gpu_memory_mib(len(gpus), target),
         model_config=model_config or None,
         cluster=cluster,
+        host=getattr(target, "name", None) if cluster is not None else None,
     )
 
 

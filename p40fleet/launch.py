@@ -93,9 +93,14 @@ without loading offloaded ones back, which fails on a GPU, measured on an H200).
 fits: :class:`LaunchError` "needs ~X GiB per GPU, has Y". Model unknown (``model_config`` None,
 not staged yet): the table alone, and the sizing says "model unknown".
 
-Multi-node: every node runs ``n_gpus_per_node`` = the SMALLEST node's GPU count (verl gives each
-node the same count); GPUs above it on bigger nodes stay idle and the sizing says how many.
-A member without a GPU (a CPU-only head) is not a training node: Ray places no worker there.
+Multi-node (:func:`cluster_shape`): verl gives every node the same GPU count ``k``, so the plan
+takes the ``k`` and the nodes (every node with >= ``k`` GPUs) that train on the most GPUs,
+``max over k of k x #{nodes with >= k GPUs}``; ties go to fewer nodes, then to more memory per
+GPU. 4+8+1 GPUs: 1 node x 8; 8+8+4+2: 2 nodes x 8. GPUs above ``k`` on a training node stay
+idle (the sizing says how many). A member without a GPU (a CPU-only head) is not a training
+node: Ray places no worker there. A host left out of the cluster gets a plan for its own GPUs
+alone, with ``RAY_ADDRESS=local`` (a private Ray: it never joins the cluster's), and every
+script's header names the cluster, who is in it, and who is not and why.
 """
 
 from __future__ import annotations
@@ -507,11 +512,19 @@ def gpu_memory_gib(
 
 @dataclass(frozen=True)
 class ClusterShape:
-    """The nodes one run trains on: GPU count per node, all their GPUs, smallest memory."""
+    """The nodes one run trains on and the GPUs each runs; who is left out and why.
+
+    ``node_gpus``: the training nodes with their GPU counts (PCI); every one runs
+    ``gpus_per_node`` of them (verl's rule), so ``nnodes x gpus_per_node`` counts only GPUs
+    that train. ``left_out``: ``(host, why)`` of the other hosts (they train alone).
+    """
 
     node_gpus: tuple[tuple[str, int], ...]
     gpus: tuple[object, ...] = ()
     memory_gib: float | None = None
+    per_node: int | None = None  # None: the smallest node's count
+    left_out: tuple[tuple[str, str], ...] = ()
+    name: str = ""  # the cluster's name for headers ("headed by gpu1 (10.0.0.1:6379)")
 
     @property
     def nnodes(self) -> int:
@@ -519,37 +532,114 @@ class ClusterShape:
 
     @property
     def gpus_per_node(self) -> int:
-        """The smallest node's count: verl gives every node the same number of workers."""
+        """The GPUs that train on every node (verl gives every node the same number)."""
+        if self.per_node is not None:
+            return self.per_node
         return min(count for _, count in self.node_gpus)
 
     @property
+    def training_gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+    @property
     def idle_gpus(self) -> int:
-        return sum(count for _, count in self.node_gpus) - self.nnodes * self.gpus_per_node
+        """GPUs of training nodes above ``gpus_per_node`` (left-out hosts are not counted)."""
+        return sum(count for _, count in self.node_gpus) - self.training_gpus
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.node_gpus)
+
+    def why_left_out(self, host: str) -> str | None:
+        """Why ``host`` is not a training node; None when it is one (or unknown here)."""
+        return dict(self.left_out).get(host)
+
+    def header(self, host: str | None = None) -> list[str]:
+        """Comment lines for a launch script's header: the cluster, who is in it, who is
+        not and why, and what ``host``'s script does (one line each, no newlines)."""
+        counts = dict(self.node_gpus)
+        name = f"Ray cluster {self.name}" if self.name else "Ray cluster"
+        lines = [
+            f"{name}: {self.nnodes} node(s) x {self.gpus_per_node} GPU(s) = "
+            f"{self.training_gpus} training GPU(s) (the most of any per-node count).",
+            "In it: " + ", ".join(f"{n} ({counts[n]} GPU(s))" for n in self.members) + ".",
+        ]
+        if self.left_out:
+            lines.append("Not in it: " + "; ".join(f"{n}: {why}" for n, why in self.left_out) + ".")
+        if host is not None and host in counts:
+            lines.append(
+                f"This host ({host}) is a training node: the cluster's run uses "
+                f"{self.gpus_per_node} of its {counts[host]} GPU(s)."
+            )
+        elif host is not None:
+            why = self.why_left_out(host) or "not a member"
+            lines.append(
+                f"This host ({host}) is not in it ({why}): this script trains on its own "
+                "GPUs alone, in a private Ray (RAY_ADDRESS=local)."
+            )
+        return [" ".join(line.split()) for line in lines]
 
 
-def cluster_shape(nodes: Mapping[str, Sequence[int | object]]) -> ClusterShape:
-    """The shape of a Ray cluster from each member's PCI GPUs (``{host: gpus}``).
+def _catalog_memory(gpus: Sequence[object]) -> float | None:
+    try:
+        return gpu_memory_gib(gpus)
+    except LaunchError:
+        return None  # a GPU without a catalog size: each host's nvidia-smi decides
 
-    Unequal GPU counts are sized to the smallest node (the others' extra GPUs idle). A member
-    without a GPU (a CPU-only head, say) is left out: Ray places no GPU worker there. Memory:
-    the catalog's smallest size over all nodes.
+
+def cluster_shape(
+    nodes: Mapping[str, Sequence[int | object]],
+    *,
+    refused: Mapping[str, str] | None = None,
+    name: str = "",
+) -> ClusterShape:
+    """The training shape of a Ray cluster from each member's PCI GPUs (``{host: gpus}``).
+
+    verl runs the same GPU count ``k`` on every node, so the plan takes, for every ``k`` that
+    is some node's GPU count, the nodes with at least ``k`` GPUs, and keeps the candidate with
+    the most training GPUs ``k x #{nodes with >= k GPUs}``. Ties go to fewer nodes (a larger
+    ``k``: less traffic between hosts), then to more memory per GPU: the catalog's smallest
+    per-GPU size over the candidate's nodes (what every node is sized with; unknown counts as
+    0). Two candidates with equal GPUs and equal nodes have the same ``k``, hence the same
+    nodes, so with this membership the memory key never decides; it is the defined last key.
+    A training node with more than ``k`` GPUs runs ``k`` (the rest idle). Members without a
+    GPU (a CPU-only head), the ``refused`` hosts (``{host: why}``) and nodes with fewer than
+    ``k`` GPUs are left out: each trains alone. ``name`` goes into the script headers.
     """
-    gpu_nodes = {name: list(gpus) for name, gpus in nodes.items() if list(gpus)}
+    refused = dict(refused or {})
+    gpu_nodes = {n: list(g) for n, g in nodes.items() if n not in refused and list(g)}
     if not gpu_nodes:
         raise LaunchError(
-            f"no GPU in the Ray cluster ({', '.join(sorted(nodes)) or 'no member'}): "
+            f"no GPU in the Ray cluster ({', '.join(sorted({*nodes, *refused})) or 'no member'}): "
             "run deploy/facts.py on its hosts"
         )
-    every = tuple(g for gpus in gpu_nodes.values() for g in gpus)
-    try:
-        mem: float | None = gpu_memory_gib(every)
-    except LaunchError:
-        mem = None  # a GPU without a catalog size: each host's nvidia-smi decides
+    candidates = []
+    for k in sorted({len(g) for g in gpu_nodes.values()}):
+        members = sorted((n for n, g in gpu_nodes.items() if len(g) >= k), key=_natural)
+        mem = _catalog_memory([x for n in members for x in gpu_nodes[n]])
+        candidates.append(((k * len(members), -len(members), mem or 0.0), members, k, mem))
+    _, members, k, mem = max(candidates, key=lambda c: c[0])  # keys are unique per k
+    left = [(n, f"refused ({why})") for n, why in refused.items()]
+    for n, g in nodes.items():
+        if n in refused or n in members:
+            continue
+        if not list(g):
+            left.append((n, "no GPU"))
+        else:
+            left.append((n, f"{len(list(g))} GPU(s), fewer than the {k} every node runs"))
     return ClusterShape(
-        node_gpus=tuple((name, len(gpus)) for name, gpus in gpu_nodes.items()),
-        gpus=every,
+        node_gpus=tuple((n, len(gpu_nodes[n])) for n in members),
+        gpus=tuple(x for n in members for x in gpu_nodes[n]),
         memory_gib=mem,
+        per_node=k,
+        left_out=tuple(sorted(left, key=lambda item: _natural(item[0]))),
+        name=name,
     )
+
+
+def _natural(name: str) -> tuple:
+    """lab2 before lab10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 # ------------------------------------------------------------------------------ the plan
@@ -578,6 +668,8 @@ class LaunchPlan:
     overrides: tuple[str, ...]
     verl_ref: str = "v0.5.0"
     env: tuple[tuple[str, str], ...] = ENV
+    #: header comment lines: the Ray cluster, who is in it, who is not and why
+    cluster_lines: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         """The command the script execs (before the script's own arguments)."""
@@ -600,6 +692,7 @@ class LaunchPlan:
             "val_file": q(self.val_file),
             "overrides": [q(o) for o in self.overrides],
             "env": [(name, q(value)) for name, value in self.env],
+            "cluster": [line.replace("\n", " ") for line in self.cluster_lines],
         }
 
 
@@ -610,10 +703,13 @@ def plan_launch(
     smi_memory_mib: Sequence[int | None] = (),
     cluster: ClusterShape | None = None,
     model_config: Mapping[str, object] | None = None,
+    host: str | None = None,
 ) -> LaunchPlan:
     """The launch plan for a host with ``gpus`` (PCI device ids or ``PciGpu``-like objects).
 
     ``cluster``: the Ray cluster the run spans (:func:`cluster_shape`); None: this host alone.
+    ``host``: this host's name; one the cluster left out gets a plan for its own GPUs alone
+    (a private Ray, ``RAY_ADDRESS=local``), its header saying why.
     ``model_config``: the model's config.json; None: not staged yet (sized by the table only).
     Raises :class:`LaunchError` when the host is refused (``summarize_host``), the verl ref
     cannot serve its profile, the model does not fit, its GPU memory is unknown, or a name
@@ -623,6 +719,13 @@ def plan_launch(
     summary = spec.gpu_summary(gpus)
     if not summary.ok or summary.profile is None:
         raise LaunchError(f"GPUs {summary.gpus_str}: {summary.refused}")
+    lines: tuple[str, ...] = ()
+    env_vars = ENV
+    if cluster is not None:
+        lines = tuple(cluster.header(host))
+        if host is not None and host not in cluster.members:
+            cluster = None  # left out: it trains alone, never in the cluster's Ray
+            env_vars = (*ENV, ("RAY_ADDRESS", "local"))
     if cluster is None:
         cluster = ClusterShape(node_gpus=(("this host", summary.gpu_count),))
     profile = summary.profile
@@ -685,4 +788,6 @@ def plan_launch(
         val_file=val,
         overrides=tuple(overrides),
         verl_ref=spec.verl.ref,
+        env=env_vars,
+        cluster_lines=lines,
     )

@@ -10,25 +10,36 @@ systemd unit ``p40fleet-ray.service`` (``files/ray.service.j2``) runs as the tra
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from collections.abc import Iterable, Sequence
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from p40fleet.controller import cache_dir
 from p40fleet.spec import StackSpec
 
 __all__ = [
     "HEAD_GROUP",
+    "MEMBERS_FILE",
     "UNIT_NAME",
     "UNIT_PATH",
     "ClusterStatus",
+    "LearntMembers",
     "RayError",
     "RayPlan",
     "RayProbe",
     "choose_head",
+    "load_members",
+    "members_path",
     "parse_probe",
     "parse_status",
     "plan_ray",
     "ray_cli",
+    "save_members",
     "systemd_quote",
 ]
 
@@ -105,13 +116,20 @@ class RayPlan:
 
 
 def plan_ray(
-    spec: StackSpec, host_name: str, head: str, head_address: str, node_ip: str | None = None
+    spec: StackSpec,
+    host_name: str,
+    head: str,
+    head_address: str,
+    node_ip: str | None = None,
+    num_gpus: int | None = None,
 ) -> RayPlan:
     """The plan for ``host_name`` in the cluster headed by ``head`` (reached at head_address).
 
     ``node_ip``: this host's address on the cluster network when ``stack.ray.node_ip`` is not
     set (the inventory's ``ssh_hostname`` when that is an IP address): Ray then uses that
     network, not whichever address it would pick itself.
+    ``num_gpus``: ``--num-gpus`` (0 on a head that is not a training node: Ray then places
+    no training worker on its GPUs, which its own launch script uses alone).
     """
     ray = spec.ray
     address = f"{head_address}:{ray.port}"
@@ -123,6 +141,8 @@ def plan_ray(
     node_ip = ray.node_ip or node_ip
     if node_ip:
         argv.append(f"--node-ip-address={node_ip}")
+    if num_gpus is not None:
+        argv.append(f"--num-gpus={num_gpus}")
     if host_name == head:
         argv.append(f"--include-dashboard={'true' if ray.dashboard else 'false'}")
         if ray.dashboard:
@@ -141,6 +161,79 @@ def plan_ray(
         argv=tuple(argv),
         env_bin=ray_cli(spec).rsplit("/", 1)[0],
     )
+
+
+# ------------------------------------------------------------------------------------------
+# What the last full run learnt about the members (kept on the controller)
+# ------------------------------------------------------------------------------------------
+
+#: ``<controller cache>/ray-members.json`` (``$P40FLEET_CACHE``, else ``~/.cache/p40fleet``).
+MEMBERS_FILE = "ray-members.json"
+
+
+def members_path() -> Path:
+    return cache_dir() / MEMBERS_FILE
+
+
+@dataclass(frozen=True)
+class LearntMembers:
+    """Every inventory host of one cluster as the last full run saw it: its PCI GPU device
+    ids, or why it was refused; ``learnt``: when that record was written (UTC)."""
+
+    gpus: dict[str, tuple[int, ...]]
+    refused: dict[str, str]
+    learnt: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "learnt": self.learnt,
+            "nodes": {
+                **{n: {"gpus": list(g)} for n, g in self.gpus.items()},
+                **{n: {"refused": why} for n, why in self.refused.items()},
+            },
+        }
+
+
+def load_members(cluster: str, path: Path | None = None) -> LearntMembers | None:
+    """The record of ``cluster`` (``head@address``); None when none, or unreadable (then the
+    run plans without it and says so: it is never guessed)."""
+    path = members_path() if path is None else path
+    try:
+        entry = json.loads(path.read_text())["clusters"][cluster]
+        gpus = {n: tuple(int(d) for d in v["gpus"])
+                for n, v in entry["nodes"].items() if "gpus" in v}  # fmt: skip
+        refused = {n: str(v["refused"]) for n, v in entry["nodes"].items() if "refused" in v}
+        return LearntMembers(gpus, refused, str(entry.get("learnt", "")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def save_members(
+    cluster: str,
+    gpus: Mapping[str, Sequence[int]],
+    refused: Mapping[str, str],
+    path: Path | None = None,
+) -> bool:
+    """Record what a full run learnt about ``cluster``'s hosts; False when the file already
+    says so (it is then not touched). Written whole to a temporary file, then renamed."""
+    path = members_path() if path is None else path
+    new = LearntMembers({n: tuple(g) for n, g in gpus.items()}, dict(refused))
+    old = load_members(cluster, path)
+    if old is not None and (old.gpus, old.refused) == (new.gpus, new.refused):
+        return False
+    try:
+        data = json.loads(path.read_text())
+        clusters = data["clusters"] if isinstance(data.get("clusters"), dict) else {}
+    except (OSError, ValueError, AttributeError, KeyError):
+        clusters = {}
+    learnt = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    clusters[cluster] = LearntMembers(new.gpus, new.refused, learnt).to_json()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"version": 1, "clusters": clusters}, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return True
 
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")

@@ -257,6 +257,7 @@ def test_cluster_takes_the_lowest_profile_and_smallest_memory():
 def test_cluster_refusals_name_the_node_and_the_numbers():
     # a CPU-only member (a head, say) runs no GPU worker: it is not a training node
     assert launch.cluster_shape({"head": [], "a": [P40] * 2}).node_gpus == (("a", 2),)
+    assert launch.cluster_shape({"head": [], "a": [P40] * 2}).left_out == (("head", "no GPU"),)
     with pytest.raises(LaunchError, match="no GPU in the Ray cluster \\(a, b\\)"):
         launch.cluster_shape({"a": [], "b": []})
     shape = launch.cluster_shape({"a": [P40] * 4, "b": [P40] * 4})
@@ -264,6 +265,86 @@ def test_cluster_refusals_name_the_node_and_the_numbers():
         LaunchError, match="this host has 2 GPU\\(s\\), the cluster plan gives every node 4"
     ):
         plan_launch(SPEC, [P40] * 2, cluster=shape)
+
+
+# ------------------------------------------------------------------ the cluster plan
+
+DEMO = {"lab1": [P40] * 4, "lab2": [P40] * 8, "lab3": [P100_16]}
+
+
+@pytest.mark.parametrize(
+    ("counts", "shape"),
+    [
+        ({"lab1": 4, "lab2": 8, "lab3": 1}, (("lab2",), 8)),  # the demo fleet: 8, not 3 x 1
+        ({"a": 8, "b": 8, "c": 4, "d": 2}, (("a", "b"), 8)),  # 16, not 4 x 2
+        ({"a": 4, "b": 4, "c": 4}, (("a", "b", "c"), 4)),
+        ({"a": 1, "b": 1, "c": 1}, (("a", "b", "c"), 1)),
+        ({"a": 2, "b": 2, "c": 4}, (("a", "b", "c"), 2)),  # 6 beats 4
+        ({"a": 3, "b": 6}, (("b",), 6)),  # 2 x 3 = 1 x 6: the fewer nodes
+        ({"a": 2, "b": 2, "c": 2, "d": 3, "e": 3, "f": 6}, (("a", "b", "c", "d", "e", "f"), 2)),
+        ({"a": 1, "b": 2, "c": 4, "d": 8}, (("d",), 8)),  # 4, 6, 8, 8: 2 x 4 = 1 x 8
+    ],
+)
+def test_cluster_trains_on_the_most_gpus(counts, shape):
+    got = launch.cluster_shape({n: [P40] * c for n, c in counts.items()})
+    best = max(k * sum(c >= k for c in counts.values()) for k in counts.values())
+    members, per_node = shape
+    assert (got.members, got.gpus_per_node) == (members, per_node)
+    assert got.training_gpus == got.nnodes * got.gpus_per_node == best
+    assert {n for n, _ in got.left_out} == set(counts) - set(members)
+
+
+def test_demo_fleet_trains_on_8_gpus_and_names_who_is_left_out():
+    shape = launch.cluster_shape(DEMO, name="headed by lab1 (10.0.0.1:6379)")
+    assert (shape.nnodes, shape.gpus_per_node, shape.training_gpus, shape.idle_gpus) == (1, 8, 8, 0)
+    assert shape.left_out == (
+        ("lab1", "4 GPU(s), fewer than the 8 every node runs"),
+        ("lab3", "1 GPU(s), fewer than the 8 every node runs"),
+    )
+    member = plan_launch(SPEC, [P40] * 8, cluster=shape, host="lab2")
+    assert "trainer.nnodes=1" in member.overrides
+    assert "trainer.n_gpus_per_node=8" in member.overrides
+    assert "RAY_ADDRESS" not in dict(member.env)
+    alone = plan_launch(SPEC, [P40] * 4, cluster=shape, host="lab1")
+    assert "trainer.n_gpus_per_node=4" in alone.overrides and "trainer.nnodes=1" in alone.overrides
+    assert dict(alone.env)["RAY_ADDRESS"] == "local"  # never the cluster's Ray
+    p100 = plan_launch(SPEC, [P100_16], cluster=shape, host="lab3")
+    assert p100.sizing.memory_gib == 16 and "trainer.n_gpus_per_node=1" in p100.overrides
+    for plan, this in ((member, "lab2"), (alone, "lab1"), (p100, "lab3")):
+        text = render(plan)
+        head = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+        assert (
+            "# Ray cluster headed by lab1 (10.0.0.1:6379): 1 node(s) x 8 GPU(s) = 8 training "
+            "GPU(s)" in head
+        )
+        assert "# In it: lab2 (8 GPU(s))." in head
+        assert (
+            "# Not in it: lab1: 4 GPU(s), fewer than the 8 every node runs; lab3: 1 GPU(s)" in head
+        )
+        assert f"# This host ({this})" in head
+    assert "is not in it (4 GPU(s), fewer than the 8" in render(alone)
+    assert "export RAY_ADDRESS=local" in render(alone)
+    assert "is a training node" in render(member) and "RAY_ADDRESS=local\n" not in render(member)
+
+
+def test_members_and_left_out_hosts_are_listed_as_the_lab_names_them():
+    shape = launch.cluster_shape({f"lab{i}": [P40] * (1 if i == 3 else 2) for i in (10, 2, 3)})
+    assert shape.members == ("lab2", "lab10") and shape.left_out[0][0] == "lab3"
+
+
+def test_refused_and_cpu_only_members_are_left_out_with_their_reason():
+    shape = launch.cluster_shape(
+        {"head": [], "a": [P40] * 2, "b": [P40] * 2, "k": [K80]}, refused={"k": "Kepler"}
+    )
+    assert shape.members == ("a", "b")
+    assert shape.left_out == (("head", "no GPU"), ("k", "refused (Kepler)"))
+
+
+def test_memory_of_the_cluster_is_the_training_nodes_not_the_left_out():
+    # the P100 (16 GiB) trains alone; the two P40 nodes are sized with 24 GiB
+    shape = launch.cluster_shape({"a": [P40] * 2, "b": [P40] * 2, "c": [P100_16]})
+    assert shape.members == ("a", "b") and shape.memory_gib == 24
+    assert plan_launch(SPEC, [P40] * 2, cluster=shape, host="a").sizing.memory_gib == 24
 
 
 # ------------------------------------------------------------------ per verl ref

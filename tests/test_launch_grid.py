@@ -99,15 +99,20 @@ def test_every_plan_passes_verls_checks(gpu, count, nnodes, model, lengths, comp
     assert cfg.data.max_response_length == lengths[1]
 
 
-def test_unequal_nodes_are_sized_to_the_smallest(compose_overrides):
+def test_unequal_nodes_train_on_the_most_gpus(compose_overrides):
+    """8+8+4+2 P40s: 2 nodes x 8 (16 GPUs), not 4 nodes x 2 (8); 10+8: 2 x 8, 2 idle."""
     from p40fleet.launch import cluster_shape
 
-    shape = cluster_shape({"a": [P40] * 4, "b": [P40] * 8, "c": [P40] * 2})
+    shape = cluster_shape({"a": [P40] * 8, "b": [P40] * 8, "c": [P40] * 4, "d": [P40] * 2})
     plan = plan_launch(load_spec("lab1", {}), [P40] * 8, cluster=shape, model_config=QWEN)
     cfg = compose_overrides(plan.overrides)
-    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (3, 2)
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (2, 8)
     assert verl_failures(cfg) == []
-    assert "8 GPU(s) idle on bigger nodes" in plan.sizing.describe()
+    bigger = cluster_shape({"a": [P40] * 10, "b": [P40] * 8, "c": [P40] * 4})
+    plan = plan_launch(load_spec("lab1", {}), [P40] * 10, cluster=bigger, model_config=QWEN)
+    assert (plan.sizing.nnodes, plan.sizing.gpus_per_node) == (2, 8)
+    assert verl_failures(compose_overrides(plan.overrides)) == []
+    assert "2 GPU(s) idle on bigger nodes" in plan.sizing.describe()
 
 
 # ---------------------------------------------------------------- the checks can fail

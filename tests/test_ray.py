@@ -15,15 +15,17 @@ from p40fleet.ray import (
     RayError,
     RayProbe,
     choose_head,
+    load_members,
     parse_probe,
     parse_status,
     plan_ray,
+    save_members,
     systemd_path,
     systemd_quote,
 )
 from p40fleet.spec import SpecError, load_spec
 from p40fleet.verification.check import FAIL, PASS, SKIP
-from p40fleet.verification.ray_checks import ray_checks
+from p40fleet.verification.ray_checks import left_out_checks, ray_checks
 
 #: The tests' own user: the facts' privilege drop runs without runuser then.
 ME = getpass.getuser()
@@ -152,6 +154,41 @@ def test_gpu_check_compares_with_pci_and_skips_simulated_hosts():
     assert wrong[2].status == FAIL and "offers 4 GPUs" in wrong[2].detail
     sim = ray_checks(probe(TWO_NODES, sim=True), address="h:1", nodes=2, pci_gpus=4)
     assert sim[2].status == SKIP and "simulated host" in sim[2].detail
+
+
+def test_a_head_that_does_not_train_must_offer_no_gpu():
+    # the head's unit runs --num-gpus=0: Ray offering its 2 GPUs is a FAIL (an old unit)
+    head = ray_checks(probe(TWO_NODES), address="h:1", nodes=2, pci_gpus=2, ray_gpus=0)
+    assert head[2].status == FAIL
+    assert "offers 2 GPUs on this node, expected 0 planned" in head[2].detail
+
+
+def test_a_left_out_host_skips_and_fails_when_it_still_runs_a_member():
+    (skip,) = left_out_checks(RayProbe(), "1 GPU(s), fewer than the 8 every node runs")
+    assert skip.status == SKIP and "not in the Ray cluster: 1 GPU(s), fewer" in skip.detail
+    (fail,) = left_out_checks(probe(TWO_NODES), "1 GPU(s), fewer than the 8 every node runs")
+    assert fail.status == FAIL and "left out of the Ray cluster (1 GPU(s)" in fail.detail
+    assert "deploy/ray.py" in fail.remedy
+
+
+def test_plan_ray_num_gpus():
+    spec = load_spec("lab1", {})
+    assert "--num-gpus=0" in plan_ray(spec, "lab1", "lab1", "10.0.0.1", num_gpus=0).argv
+    assert not any("num-gpus" in a for a in plan_ray(spec, "lab1", "lab1", "10.0.0.1").argv)
+
+
+def test_members_record_round_trip_and_unreadable_files(tmp_path):
+    path = tmp_path / "ray-members.json"
+    assert load_members("h@a:1", path) is None
+    assert save_members("h@a:1", {"a": [0x1B38] * 2}, {"b": "no"}, path) is True
+    assert save_members("h@a:1", {"a": [0x1B38] * 2}, {"b": "no"}, path) is False  # unchanged
+    assert save_members("g@b:1", {"x": [0x15F8]}, {}, path) is True  # another cluster beside it
+    got = load_members("h@a:1", path)
+    assert (got.gpus, got.refused) == ({"a": (0x1B38, 0x1B38)}, {"b": "no"}) and got.learnt
+    assert load_members("g@b:1", path).gpus == {"x": (0x15F8,)}
+    path.write_text("{not json")
+    assert load_members("h@a:1", path) is None
+    assert save_members("h@a:1", {"a": [1]}, {}, path) is True  # rewritten whole
 
 
 def test_service_down_and_head_unreachable_fail_with_remedies():

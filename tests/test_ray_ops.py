@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
+import pytest
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from facts.gpu import PciGpus
 from facts.ray import HasSystemd
 from operations import ray
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, plan_ray
 from p40fleet.spec import load_spec
 from tests.opharness import run_op
 
+SPEC = load_spec("lab1", {})
 PLAN = plan_ray(load_spec("lab2", {}), "lab2", "lab1", "10.231.0.11")
 RAY = PLAN.argv[0]
 UNIT_FILE = {"mode": 644, "user": "root", "group": "root"}
@@ -88,7 +92,7 @@ def test_refusals_change_nothing():
 
 
 class _Member:
-    """An inventory host as ray_cluster.shape_of reads it: a name, host data, its PCI fact."""
+    """An inventory host as ray_cluster.membership reads it: a name, host data, its PCI fact."""
 
     def __init__(self, name: str, devices: list[int]):
         from facts.gpu import PciGpu
@@ -102,22 +106,205 @@ class _Member:
             for i, d in enumerate(devices, 1)
         ]
 
+    probe = None  # what facts.ray.RayStatus answers here (verify)
+
     def get_fact(self, cls, **kwargs):
         from facts.gpu import PciGpus
+        from facts.ray import RayStatus
 
+        if cls is RayStatus and self.probe is not None:
+            return self.probe
         assert cls is PciGpus, cls
         self.asked.append(cls)
         return self._gpus
 
 
-def test_a_member_its_own_spec_refuses_is_not_in_the_cluster_before_its_preflight_ran():
-    """The demo's 2xH200 host (R525 refuses it) prepared after a P100 host: it must not size the
-    P100's launch plan, whether or not its own preflight has refused it yet (CI, 2026-12-01)."""
+P40, P100, H200 = 0x1B38, 0x15F8, 0x2335
+DEMO = {"lab1": [P40] * 4, "lab2": [P40] * 8, "lab3": [P100], "lab4": [H200] * 2}
+
+
+class _Inventory:
+    """pyinfra's inventory as ray_cluster reads it: hosts, the active ones (this run's
+    ``--limit``, connected), groups, and a state (one membership per state)."""
+
+    def __init__(self, members: list[_Member], active: list[str], head: str = "lab1"):
+        self.members = members
+        self.active = active
+        self.head = head
+        self.state = object()
+
+    def __iter__(self):
+        return iter(self.members)
+
+    def get_active_hosts(self):
+        return [m for m in self.members if m.name in self.active]
+
+    def get_host(self, name):
+        return next(m for m in self.members if m.name == name)
+
+    def get_group(self, name):
+        assert name == "ray_head"
+        return [self.get_host(self.head)]
+
+
+@pytest.fixture
+def fleet(monkeypatch, tmp_path):
+    """``fleet(counts, active=None)`` -> (ray_cluster module, members by name); the controller
+    cache in tmp_path (its ray-members.json is the last full run's record)."""
     from operations import ray_cluster
 
-    p40, p100, h200 = 0x1B38, 0x15F8, 0x2335
-    members = [_Member("lab1", [p40] * 4), _Member("lab3", [p100]), _Member("lab4", [h200] * 2)]
-    shape = ray_cluster.shape_of(members)
-    assert dict(shape.node_gpus) == {"lab1": 4, "lab3": 1}
-    assert all(g.device_id != h200 for g in shape.gpus)
-    assert members[2].asked  # decided from its own facts, not from the order hosts ran in
+    monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
+
+    def make(counts=DEMO, active=None):
+        members = [_Member(n, devices) for n, devices in counts.items()]
+        for i, m in enumerate(members, 1):
+            m.data = {"ssh_hostname": f"10.0.0.{i}"}
+        fake = _Inventory(members, list(counts) if active is None else active)
+        monkeypatch.setattr(ray_cluster, "inventory", fake)
+        return ray_cluster, {m.name: m for m in members}
+
+    return make
+
+
+def test_a_member_its_own_spec_refuses_is_not_in_the_cluster_before_its_preflight_ran(fleet):
+    """The demo's 2xH200 host (R525 refuses it) prepared after a P100 host: it must not size the
+    P100's launch plan, whether or not its own preflight has refused it yet (CI, 2026-12-01)."""
+    ray_cluster, members = fleet({"lab1": [P40] * 4, "lab3": [P100], "lab4": [H200] * 2})
+    shape = ray_cluster.membership(SPEC).shape
+    assert dict(shape.node_gpus) == {"lab1": 4}
+    assert H200 not in shape.gpus
+    assert members["lab4"].asked  # decided from its own facts, not from the order hosts ran in
+    why = shape.why_left_out("lab4")
+    assert why.startswith("refused (GPUs 2× H200") and "R525" in why
+
+
+def test_full_run_plans_the_demo_fleet_on_8_gpus_and_records_every_member(fleet, tmp_path):
+    ray_cluster, _ = fleet()
+    members = ray_cluster.membership(SPEC)
+    assert (members.head, members.address) == ("lab1", "10.0.0.1:6379")
+    assert (members.shape.members, members.shape.gpus_per_node) == (("lab2",), 8)
+    assert members.shape.name == "headed by lab1 (10.0.0.1:6379)"
+    assert [n for n, _ in members.shape.left_out] == ["lab1", "lab3", "lab4"]
+    assert members.runs_member("lab1") and members.runs_member("lab2")  # the head, the node
+    assert not members.runs_member("lab3") and not members.runs_member("lab4")
+    record = json.loads((tmp_path / "ray-members.json").read_text())
+    nodes = record["clusters"]["lab1@10.0.0.1:6379"]["nodes"]
+    assert nodes["lab2"] == {"gpus": [P40] * 8} and nodes["lab3"] == {"gpus": [P100]}
+    assert "H200" in nodes["lab4"]["refused"]
+    assert any("recorded" in note for note in members.notes)
+    # the same run asks once; a second full run with the same facts leaves the file alone
+    mtime = (tmp_path / "ray-members.json").stat().st_mtime_ns
+    again, _ = fleet()
+    assert again.membership(SPEC).notes == ()
+    assert (tmp_path / "ray-members.json").stat().st_mtime_ns == mtime
+
+
+def test_limit_never_reshapes_members_outside_the_run_come_from_the_record(fleet):
+    ray_cluster, _ = fleet()
+    full = ray_cluster.membership(SPEC).shape
+    limited, members = fleet(active=["lab1"])  # pyinfra ... --limit lab1
+    got = limited.membership(SPEC)
+    assert got.shape == full  # the same cluster, the same header text
+    assert not members["lab2"].asked and not members["lab3"].asked  # not in this run
+    assert members["lab1"].asked
+    assert got.notes and got.notes[0].startswith("lab2, lab3, lab4 not in this run: sized from")
+    # lab1's own script: the plan a full run writes (it trains alone on 4 GPUs)
+    from p40fleet.launch import plan_launch
+
+    gpus = members["lab1"].get_fact(PciGpus)
+    assert plan_launch(SPEC, gpus, cluster=got.shape, host="lab1") == plan_launch(
+        SPEC, gpus, cluster=full, host="lab1"
+    )
+
+
+def test_an_unreachable_member_is_sized_from_the_record(fleet):
+    ray_cluster, _ = fleet()
+    full = ray_cluster.membership(SPEC).shape
+    # lab2 (the one training node) did not connect: still the cluster, never lab1 x 4 + ...
+    unreachable, _ = fleet(active=["lab1", "lab3", "lab4"])
+    got = unreachable.membership(SPEC)
+    assert got.shape == full and got.shape.members == ("lab2",)
+    assert got.notes[0].startswith("lab2 not in this run")
+
+
+def test_without_a_record_a_partial_run_plans_no_cluster(fleet, tmp_path):
+    ray_cluster, members = fleet(active=["lab1", "lab3"])
+    got = ray_cluster.membership(SPEC)
+    assert got.shape is None
+    assert "members lab2, lab4 are not in this run (--limit) or unreachable" in got.problem
+    assert str(tmp_path / "ray-members.json") in got.problem and "without --limit" in got.problem
+    assert not (tmp_path / "ray-members.json").exists()  # a partial run records nothing
+    (check,) = ray_cluster.verify_checks(SPEC)  # verify follows the same membership
+    assert (check.name, check.status) == ("ray", "FAIL") and "lab2, lab4" in check.detail
+    assert "without --limit" in check.remedy
+
+
+def test_a_record_of_another_cluster_is_not_used(fleet, tmp_path):
+    ray_cluster, _ = fleet()
+    ray_cluster.membership(SPEC)
+    other = load_spec("lab1", {"ray": {"port": 6380}})  # another GCS: another cluster
+    limited, _ = fleet(active=["lab1"])
+    assert limited.membership(other).shape is None
+
+
+def test_the_head_that_does_not_train_offers_ray_no_gpu(fleet, monkeypatch):
+    ray_cluster, members = fleet()
+    got = ray_cluster.membership(SPEC)
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    head = ray_cluster.plan_for_host(SPEC, got)
+    assert head.role == "head" and "--num-gpus=0" in head.argv
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    worker = ray_cluster.plan_for_host(SPEC, got)
+    assert worker.role == "worker" and not any(a.startswith("--num-gpus") for a in worker.argv)
+    # 4+4: the head trains, Ray offers its GPUs
+    ray_cluster, members = fleet({"lab1": [P40] * 4, "lab2": [P40] * 4})
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    plan = ray_cluster.plan_for_host(SPEC, ray_cluster.membership(SPEC))
+    assert not any(a.startswith("--num-gpus") for a in plan.argv)
+    assert ray_cluster.expected_nodes(SPEC, ray_cluster.membership(SPEC)) == 2
+
+
+def test_expected_nodes_are_the_head_and_the_training_nodes(fleet):
+    ray_cluster, _ = fleet()
+    assert ray_cluster.expected_nodes(SPEC, ray_cluster.membership(SPEC)) == 2  # lab1 + lab2
+    ray_cluster, _ = fleet({"lab1": [P40] * 8, "lab2": [P40] * 8, "lab3": [P40] * 4})
+    assert ray_cluster.expected_nodes(SPEC, ray_cluster.membership(SPEC)) == 2
+
+
+def test_a_left_out_host_runs_no_member():
+    absent = run_op(ray.ray_left_out, why="1 GPU(s)", facts={File: None})
+    assert absent.commands == [] and "left out of the cluster (1 GPU(s))" in absent.noops[0]
+    present = run_op(
+        ray.ray_left_out,
+        why="1 GPU(s)",
+        facts={
+            File: UNIT_FILE,
+            SystemdStatus: {UNIT_NAME: True},
+            SystemdEnabled: {UNIT_NAME: True},
+        },
+    )
+    assert present.commands == [
+        f"systemctl stop {UNIT_NAME}",
+        f"systemctl disable {UNIT_NAME}",
+        f"rm -f {UNIT_PATH}",
+        "systemctl daemon-reload",
+    ]
+
+
+def test_verify_follows_the_membership(fleet, monkeypatch):
+    from p40fleet.ray import RayProbe
+
+    ray_cluster, members = fleet()
+    lab3 = members["lab3"]
+    monkeypatch.setattr(ray_cluster, "host", lab3)
+    lab3.probe = RayProbe()  # no unit: the plan leaves it out, nothing to run
+    (skip,) = ray_cluster.verify_checks(SPEC)
+    assert skip.status == "SKIP" and "1 GPU(s), fewer than the 8 every node runs" in skip.detail
+    lab3.probe = RayProbe(unit=True, active="active", enabled="enabled")  # an old plan's unit
+    (fail,) = ray_cluster.verify_checks(SPEC)
+    assert fail.status == "FAIL" and "left out of the Ray cluster" in fail.detail
+    lab2 = members["lab2"]  # the training node: the member checks, 2 nodes expected
+    monkeypatch.setattr(ray_cluster, "host", lab2)
+    lab2.probe = RayProbe(unit=True, active="active", enabled="enabled")
+    checks = ray_cluster.verify_checks(SPEC)
+    assert [c.name for c in checks] == ["ray service", "ray cluster", "ray GPUs"]

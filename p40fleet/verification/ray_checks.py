@@ -2,7 +2,9 @@
 
 Pure functions. Each member checks its own unit, that the cluster at the head's address has
 the expected number of active nodes with this host's node among them, and that Ray offers as
-many GPUs on this node as the host has on its PCI bus (SKIP on simulated hosts: no GPU there).
+many GPUs on this node as the plan gives it (the PCI bus's count; 0 on a head that is not a
+training node; SKIP on simulated hosts: no GPU there). A host the cluster plan leaves out
+(``left_out_checks``) must run no member: SKIP naming why, FAIL when its unit is installed.
 """
 
 from __future__ import annotations
@@ -10,16 +12,35 @@ from __future__ import annotations
 from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayProbe
 from p40fleet.verification.check import FAIL, PASS, SIMULATED, SKIP, Check
 
-__all__ = ["ray_checks"]
+__all__ = ["left_out_checks", "ray_checks"]
 
 _DEPLOY = "run `pyinfra -y INVENTORY deploy/ray.py`"
 
 
-def ray_checks(probe: RayProbe, *, address: str, nodes: int, pci_gpus: int) -> list[Check]:
-    """The Ray checks of one host; one SKIP when deploy/ray.py never ran here."""
+def ray_checks(
+    probe: RayProbe, *, address: str, nodes: int, pci_gpus: int, ray_gpus: int | None = None
+) -> list[Check]:
+    """The Ray checks of one host; one SKIP when deploy/ray.py never ran here. ``ray_gpus``:
+    the GPUs Ray should offer here (default: ``pci_gpus``)."""
     if not probe.unit:
         return [Check("ray", SKIP, f"not a Ray cluster member: no {UNIT_PATH} ({_DEPLOY})")]
-    return [_service(probe), _cluster(probe, address, nodes), _gpus(probe, pci_gpus)]
+    expected = pci_gpus if ray_gpus is None else ray_gpus
+    return [_service(probe), _cluster(probe, address, nodes), _gpus(probe, pci_gpus, expected)]
+
+
+def left_out_checks(probe: RayProbe, why: str) -> list[Check]:
+    """A host the cluster plan leaves out (``why``): it trains alone and runs no member."""
+    if not probe.unit:
+        return [Check("ray", SKIP, f"not in the Ray cluster: {why} (it trains alone)")]
+    return [
+        Check(
+            "ray",
+            FAIL,
+            f"left out of the Ray cluster ({why}) but {UNIT_PATH} is installed: its GPUs "
+            "would join the cluster's run",
+            f"{_DEPLOY} (it stops and removes the unit on hosts the plan leaves out)",
+        )
+    ]
 
 
 def _service(probe: RayProbe) -> Check:
@@ -60,21 +81,24 @@ def _cluster(probe: RayProbe, address: str, nodes: int) -> Check:
     )
 
 
-def _gpus(probe: RayProbe, pci_gpus: int) -> Check:
+def _gpus(probe: RayProbe, pci_gpus: int, expected: int) -> Check:
     if probe.simulated:
         return Check("ray GPUs", SKIP, f"{SIMULATED}: no GPU for Ray to detect")
     status = probe.status
     if status is None or probe.node_id not in status.per_node:
         return Check("ray GPUs", SKIP, "not checked: this node is not in `ray status`")
     offered = int(status.per_node[probe.node_id].get("GPU", 0))
-    if offered == pci_gpus:
-        return Check(
-            "ray GPUs", PASS, f"Ray offers {offered} GPUs here = {pci_gpus} on the PCI bus"
-        )
+    plan = (
+        f"{pci_gpus} on the PCI bus"
+        if expected == pci_gpus
+        else f"{expected} planned (a head that is not a training node; {pci_gpus} on the PCI bus)"
+    )
+    if offered == expected:
+        return Check("ray GPUs", PASS, f"Ray offers {offered} GPUs here = {plan}")
     return Check(
         "ray GPUs",
         FAIL,
-        f"Ray offers {offered} GPUs on this node, the PCI bus has {pci_gpus}",
+        f"Ray offers {offered} GPUs on this node, expected {plan}",
         f"make nvidia-smi answer on the host (deploy/system.py), then "
         f"`systemctl restart {UNIT_NAME}`",
     )

@@ -332,10 +332,12 @@ def test_reinstall_keeps_home_and_reconverges(fleet):
         assert "SSH host key error" in refused.output, refused.output[-3000:]
         assert snapshot(lab, "lab2") == before  # refused before login: nothing ran or was sent
         assert_converged(refused, hosts=("lab1", "lab3"))
-        # deploy/training.py sizes the launch script from the hosts this run reached: without
-        # lab2 the others' scripts describe a 2-host cluster (and get lab2 back below)
+        # the cluster plan never shrinks to the hosts this run reached: lab2 (unreachable) is
+        # sized from the controller's record of the first full run, so the others' scripts
+        # stay as they are (they used to describe a 2-host cluster, then get lab2 back)
         for name in ("lab1", "lab3"):
-            assert refused.changed_operations(name) == [LAUNCH_SCRIPT], name
+            assert refused.changed_operations(name) == [], name
+        assert "lab2 not in this run: sized from the last full run" in refused.output
         rekeyed = lab.rekey("lab2", "--expect", lab.host_key_fingerprint("lab2"))
         assert rekeyed.returncode == 0, rekeyed.stdout + rekeyed.stderr
     finally:
@@ -350,7 +352,7 @@ def test_reinstall_keeps_home_and_reconverges(fleet):
     changed = result.changed_operations("lab2")
     assert not any("Conda env" in op or "Build the Apex" in op for op in changed), changed
     for name in ("lab1", "lab3"):
-        assert result.changed_operations(name) == [LAUNCH_SCRIPT], name
+        assert result.changed_operations(name) == [], name
     # Fetched again: only what the reinstall wiped from lab2's system disk, each once: the four
     # pinned artifacts of the host cache (/var/cache/p40fleet; the Miniconda installer too, the
     # cache keeps every pin although conda itself survived under /home) and the mirror's apt

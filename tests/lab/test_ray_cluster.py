@@ -3,7 +3,9 @@ rebooted worker rejoins (systemd, here the lab's systemctl double, starts it at 
 
 One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inventory's
 ``ray_head`` group, lab2 1xP40, lab3 1xP100), converged with ``deploy/full.py``, then
-``deploy/ray.py``. The measured times are printed (``pytest -s``).
+``deploy/ray.py``. The measured times are printed (``pytest -s``). The cluster plan
+(``operations.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
+lab1 plans the same cluster from the full run's record, and a full run after it changes nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +122,32 @@ def test_rerun_changes_nothing(cluster):
         assert not again.errors[name]
     assert {name: node_id(lab, name) for name in HOSTS} == before  # no member restarted
     assert sorted(active_nodes(lab)) == sorted(before.values())
+
+
+def test_limit_lab1_then_a_full_run_changes_nothing(cluster):
+    """``--limit lab1`` writes lab1's script for the cluster a full run plans (lab2 and lab3
+    sized from the controller's record of the full run), so the full run after it changes
+    nothing (before: nnodes=3 became nnodes=1 and flipped back)."""
+    lab = cluster["lab"]
+    script = lab.root("lab1") / "home/verl/launch-ppo.sh"
+    before = script.read_text()
+    assert "trainer.nnodes=3" in before and "trainer.n_gpus_per_node=1" in before
+    assert "# In it: lab1 (1 GPU(s)), lab2 (1 GPU(s)), lab3 (1 GPU(s))." in before
+    record = json.loads((Path(ENV["P40FLEET_CACHE"]) / "ray-members.json").read_text())
+    assert sorted(record["clusters"][f"lab1@{ADDRESS}"]["nodes"]) == list(HOSTS)
+    ids = {name: node_id(lab, name) for name in HOSTS}
+    t0 = time.monotonic()
+    limited = [runs.run(d, "--limit", "lab1", env=ENV) for d in ("deploy/training.py",
+                                                                 "deploy/ray.py")]  # fmt: skip
+    full = [runs.run(d, env=ENV) for d in ("deploy/training.py", "deploy/ray.py")]
+    print(f"\nray: --limit lab1 then a full run (training + ray): {time.monotonic() - t0:.1f} s")
+    for result in (*limited, *full):
+        assert result.returncode == 0, result.output[-4000:]
+        for name in result.connected:
+            assert result.changed_operations(name) == [], (name, result.output[-4000:])
+    assert limited[0].connected == ["lab1"] and sorted(full[0].connected) == list(HOSTS)
+    assert script.read_text() == before
+    assert {name: node_id(lab, name) for name in HOSTS} == ids  # no member restarted
 
 
 def test_rebooted_worker_rejoins(cluster):
