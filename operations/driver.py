@@ -18,6 +18,8 @@ from facts.survey import ask
 from operations import run_lock
 from operations.refuse import refuse
 from p40fleet.profile import driver_branch, driver_supports
+from p40fleet.proxy import proxied_all
+from p40fleet.spec import Proxy
 
 __all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
 
@@ -66,9 +68,11 @@ def supported_gpus(version: str, require_gpu: bool = True):
 
 
 @operation()
-def build_prereqs():
+def build_prereqs(proxy: Proxy | None = None):
     """
     Install what a DKMS build needs: ``linux-headers-$(uname -r)`` and build tools.
+
+    + proxy: ``stack.proxy`` for apt (None: no proxy)
 
     apt runs (with ``update``) only when something is missing.
     """
@@ -81,7 +85,7 @@ def build_prereqs():
     if not missing:
         host.noop(f"headers for {kernel.release} and {', '.join(BUILD_TOOLS)} are installed")
         return
-    yield from apt.packages._inner(packages=missing, update=True)
+    yield from proxied_all(apt.packages._inner(packages=missing, update=True), proxy)
 
 
 @operation()

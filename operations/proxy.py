@@ -1,0 +1,44 @@
+"""``stack.proxy``'s credentials file on the host (:data:`p40fleet.proxy.PROXY_FILE`).
+
+Written by the preflight, after its refusals and before the first fetch, only for a proxy with
+a password (one without is passed inline: :func:`p40fleet.proxy.shell_prefix`); removed when
+the spec no longer has one, so no stale password stays on the host.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import operation
+from pyinfra.facts.files import File
+from pyinfra.operations import files
+
+from facts.survey import ask
+from operations.survey import same_file
+from p40fleet.proxy import PROXY_FILE, file_text
+from p40fleet.spec import Proxy
+
+__all__ = ["credentials"]
+
+
+@operation()
+def credentials(proxy: Proxy | None = None):
+    """
+    Keep the proxy's credentials in a root:root 0600 file, or none when nothing needs them.
+
+    + proxy: ``stack.proxy`` (None: no proxy)
+    """
+    if proxy is None or not proxy.has_secret:
+        if ask(host, File, path=PROXY_FILE):
+            yield from files.file._inner(path=PROXY_FILE, present=False)
+        elif proxy is not None:
+            host.noop("the proxy has no password: nothing to keep on the host")
+        return
+    text = file_text(proxy)
+    if same_file(PROXY_FILE, text.encode(), user="root", group="root", mode="600"):
+        return
+    yield from files.put._inner(
+        src=StringIO(text), dest=PROXY_FILE, user="root", group="root", mode="600",
+        add_deploy_dir=False,
+    )  # fmt: skip
