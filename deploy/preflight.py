@@ -88,5 +88,7 @@ if spec is not None:
             remedy="fix each problem above, then re-run",
         )
 
-    # After the refusals, before the first fetch: a proxy password lives in a 0600 file.
-    proxy.credentials(name="Proxy credentials for the fetching steps", proxy=spec.proxy)
+    # After the refusals, before the first fetch: a proxy password lives in a 0600 file
+    # (once per host and run: every deploy of deploy/full.py includes this file).
+    if proxy.first_time(state, host.name):
+        proxy.credentials(name="Proxy credentials for the fetching steps", proxy=spec.proxy)

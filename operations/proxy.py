@@ -19,7 +19,7 @@ from operations.survey import same_file
 from p40fleet.proxy import PROXY_FILE, file_text
 from p40fleet.spec import Proxy
 
-__all__ = ["credentials"]
+__all__ = ["credentials", "first_time"]
 
 
 @operation()
@@ -42,3 +42,15 @@ def credentials(proxy: Proxy | None = None):
         src=StringIO(text), dest=PROXY_FILE, user="root", group="root", mode="600",
         add_deploy_dir=False,
     )  # fmt: skip
+
+
+def first_time(state, host_name: str) -> bool:
+    """True the first time a run asks for ``host_name`` (the preflight is included by every
+    deploy of ``deploy/full.py``: its credentials step is queued once per host)."""
+    done = getattr(state, "p40fleet_proxy_queued", None)
+    if done is None:
+        done = state.p40fleet_proxy_queued = set()
+    if host_name in done:
+        return False
+    done.add(host_name)
+    return True

@@ -357,3 +357,11 @@ def test_mirror_fact_goes_through_the_proxy_and_waits_for_the_file():
 
     assert mirror_refusals([("driver", "http://m/a", -1, "not checked")]) == []
     assert UrlHead().command(url="http://m/a").get_raw_value().startswith("if command -v curl")
+
+
+def test_credentials_step_queued_once_per_host_and_run():
+    from types import SimpleNamespace
+
+    state = SimpleNamespace()
+    assert proxy_op.first_time(state, "lab1") and proxy_op.first_time(state, "lab2")
+    assert not proxy_op.first_time(state, "lab1")
