@@ -10,13 +10,13 @@ from __future__ import annotations
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.survey import ask
 from operations.survey import same_file
-from p40fleet.proxy import PROXY_FILE, file_text
+from p40fleet.proxy import PROXY_DIR, PROXY_FILE, file_text
 from p40fleet.spec import Proxy
 
 __all__ = ["credentials", "first_time"]
@@ -38,6 +38,15 @@ def credentials(proxy: Proxy | None = None):
     text = file_text(proxy)
     if same_file(PROXY_FILE, text.encode(), user="root", group="root", mode="600"):
         return
+    # Never readable by others, not even between the upload and its chmod: a root-only dir, and
+    # the file made 0600 before the upload writes into it (pyinfra's sudo upload cp's into it,
+    # which keeps the mode). What stays: with sudo, pyinfra's temporary copy in its temp dir
+    # lives (as the connecting user, mode per its umask) for the upload's two commands.
+    yield StringCommand(
+        "install -d -m 700 -o root -g root", QuoteString(PROXY_DIR),
+        "&& ( umask 077 && touch", QuoteString(PROXY_FILE), ") && chmod 600",
+        QuoteString(PROXY_FILE),
+    )  # fmt: skip
     yield from files.put._inner(
         src=StringIO(text), dest=PROXY_FILE, user="root", group="root", mode="600",
         add_deploy_dir=False,

@@ -155,6 +155,12 @@ def test_credentials_written_root_only_and_kept():
     p = spec_proxy(WITH_PW)
     r = run_op(proxy_op.credentials, proxy=p, default_facts=True)
     assert r.uploads[proxy.PROXY_FILE] == proxy.file_text(p)
+    # root-only before the secret is written: the dir 0700, the file 0600 before the upload
+    assert r.commands[0] == (
+        f"install -d -m 700 -o root -g root {proxy.PROXY_DIR} && ( umask 077 && touch "
+        f"{proxy.PROXY_FILE} ) && chmod 600 {proxy.PROXY_FILE}"
+    )
+    assert r.commands.index(f"upload {proxy.PROXY_FILE}") > 0
     assert any("chmod 600" in c for c in r.commands), r.commands
     assert any("chown root:root" in c for c in r.commands), r.commands
     assert not [c for c in r.commands if SECRET in c]

@@ -113,6 +113,7 @@ def test_fresh_host_converges_through_the_proxy_and_never_shows_the_password(pro
     creds = lab.root(HOST) / "etc/p40fleet/proxy.env"
     st = creds.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600)
+    assert creds.parent.stat().st_mode & 0o777 == 0o700  # root-only dir: no window at all
     assert SECRET in creds.read_text()
     home = lab.ssh(HOST, f"grep -rl {SECRET} /home /tmp /var/tmp /etc/apt 2>/dev/null; true")
     assert home.stdout.strip() == "", home.stdout
