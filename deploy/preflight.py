@@ -27,10 +27,12 @@ from facts.host import FreeSpace, LinuxDistribution, os_label
 from facts.mirror import UrlHead
 from facts.survey import ask
 from facts.survey import install as keep_facts
+from operations import proxy
 from operations.artifacts import artifact_path
 from operations.refuse import refuse_host, validated_spec
 from operations.survey import survey_host
 from p40fleet import deploy_frames, preflight, ssh_poll, sshguard
+from p40fleet.proxy import UNCHECKED, shell_prefix
 from p40fleet.spec import ARTIFACTS, SpecError, cuda_release_of, spec_for_host
 
 sshguard.install()
@@ -62,7 +64,7 @@ if spec is not None:
         for item in ARTIFACTS
         if not verified[item]
         for url in [spec.artifact_url(item)]
-        for answer in [ask(host, UrlHead, url=url)]
+        for answer in [ask(host, UrlHead, url=url, proxy=shell_prefix(spec.proxy, UNCHECKED))]
     ]
 
     refusals = [
@@ -86,3 +88,8 @@ if spec is not None:
             + "\n".join(f"  - {r.step}: {r.reason} (fix: {r.remedy})" for r in refusals),
             remedy="fix each problem above, then re-run",
         )
+
+    # After the refusals, before the first fetch: a proxy password lives in a 0600 file
+    # (once per host and run: every deploy of deploy/full.py includes this file).
+    if proxy.first_time(state, host.name):
+        proxy.credentials(name="Proxy credentials for the fetching steps", proxy=spec.proxy)

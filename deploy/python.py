@@ -144,6 +144,7 @@ if spec is not None and refused is None:
         prefix=env.conda_prefix,
         policy=spec.policy.conda_tos,
         mirror_channel=mirror_channel,
+        proxy=spec.proxy,
         **as_user,
     )
 
@@ -155,6 +156,7 @@ if spec is not None and refused is None:
         python_version=spec.python_version,
         channels=conda.channel_args(spec.policy.conda_tos, mirror_channel),
         force="env" in force,
+        proxy=spec.proxy,
         **as_user,
     )
 
@@ -173,6 +175,7 @@ if spec is not None and refused is None:
         index_args=spec.pip_index_args(),
         fresh_env=fresh,
         force="torch" in force,
+        proxy=spec.proxy,
         **as_user,
     )
 
@@ -191,6 +194,7 @@ if spec is not None and refused is None:
         max_jobs=jobs,
         cuda_ext=build.cuda_ext,
         needed=builds_here,
+        proxy=spec.proxy,
         **as_user,
     )
     apex.fetch_wheel(
@@ -233,6 +237,7 @@ if spec is not None and refused is None:
         remote=spec.git_remote("verl"),
         ref=spec.verl.ref,
         commit=spec.verl.commit,
+        proxy=spec.proxy,
         **as_user,
     )
     verl.patch(
@@ -253,6 +258,7 @@ if spec is not None and refused is None:
         env_dir=the_env,
         index_args=spec.pip_deps_args(),
         fresh_env=fresh,
+        proxy=spec.proxy,
         **as_user,
     )
     verl.install(

@@ -25,10 +25,13 @@ class UrlHead(FactBase[UrlAnswer | None]):
     """
     Returns a ``UrlAnswer`` for ``url`` seen from the host (the host downloads, not the
     controller). Never fails the host: no curl or no answer gives status 0 and the error.
+    Status -1: not asked (the proxy's credentials are not on the host yet: a first run).
     """
 
-    def command(self, url: str) -> StringCommand:
+    def command(self, url: str, proxy: str = "") -> StringCommand:
+        """``proxy``: shell that sets the proxy variables (``p40fleet.proxy.shell_prefix``)."""
         return StringCommand(
+            *([proxy] if proxy else []),
             "if command -v curl >/dev/null 2>&1; then",
             "curl -sS -I -L --max-time 10 -o /dev/null",
             "-w 'status=%{http_code} size=%{size_download} length=%header{content-length}\\n'",

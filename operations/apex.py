@@ -52,7 +52,8 @@ from p40fleet.apex_build import (
     sha256_of,
 )
 from p40fleet.privdrop import READ_TIMEOUT_S, STAGE_DIR
-from p40fleet.spec import spec_for_host
+from p40fleet.proxy import proxied
+from p40fleet.spec import Proxy, spec_for_host
 
 __all__ = [
     "build_wheel",
@@ -99,6 +100,7 @@ def build_wheel(
     cuda_ext: bool,
     user: str | None = None,
     needed: bool = True,
+    proxy: Proxy | None = None,
 ):
     """
     Clone apex at ``ref`` (verified = ``commit``) and build one wheel into ``WORK/apex-wheel.tar``.
@@ -113,6 +115,7 @@ def build_wheel(
     + max_jobs: MAX_JOBS for the compiler (``p40fleet.apex_build.max_jobs``)
     + cuda_ext: build the CUDA extensions too
     + user: run the commands as this user (``su``); None = as connected
+    + proxy: ``stack.proxy`` for the fetch (None: no proxy)
     + needed: False when this host is not the build key's builder in this run (no-op)
     """
     if not needed:
@@ -140,7 +143,8 @@ def build_wheel(
             QuoteString(wheels),
         ),
     )
-    yield as_user(user, StringCommand("git clone --quiet", QuoteString(remote), q_src))
+    clone = StringCommand("git clone --quiet", QuoteString(remote), q_src)
+    yield proxied(as_user(user, clone), proxy)
     yield as_user(
         user,
         StringCommand(

@@ -19,6 +19,8 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from facts.apt_source import APT_DIR, MIRROR_KEY_DIR, MIRROR_LIST, AptSources
 from facts.survey import ask
 from p40fleet import controller
+from p40fleet.proxy import proxied
+from p40fleet.spec import Proxy
 
 __all__ = ["ASIDE_DIR", "key_dest", "mirror", "source_line"]
 
@@ -54,6 +56,7 @@ def mirror(
     trusted: bool = False,
     air_gapped: bool = False,
     extra_suites: tuple[str, ...] | list[str] = (),
+    proxy: Proxy | None = None,
 ):
     """
     Point apt at the mirror; on an air-gapped host, at the mirror only.
@@ -65,6 +68,7 @@ def mirror(
     + trusted: apt's ``[trusted=yes]`` (no signature check); only when the spec says so
     + air_gapped: move the other source files to ASIDE_DIR
     + extra_suites: more suites of the same repository (one line each), e.g. ``focal-updates``
+    + proxy: ``stack.proxy`` for ``apt-get update`` (None: no proxy)
     """
     dest = key_dest(key_file) if key_file else None
     state = ask(host, AptSources, key_path=dest)
@@ -102,7 +106,7 @@ def mirror(
         host.noop(f"apt uses the mirror {url} {suite}".rstrip())
         return
     where = f"{url.rstrip('/')}/{suite}" if suite.endswith("/") else f"{url}/dists/{suite}"
-    yield StringCommand(
+    yield proxied(StringCommand(
         "apt-get update -q || { echo",
         QuoteString(
             f"apt-get update failed with the mirror source {MIRROR_LIST} ({', '.join(changed)} "
@@ -111,4 +115,4 @@ def mirror(
             "stack.mirror.air_gapped: True), then re-run"
         ),
         ">&2; exit 1; }",
-    )
+    ), proxy)  # fmt: skip

@@ -30,7 +30,8 @@ from facts.host import FreeSpace
 from facts.survey import ask
 from operations.progress import streamed
 from operations.refuse import refuse
-from p40fleet.spec import StackSpec
+from p40fleet.proxy import shell_prefix
+from p40fleet.spec import Proxy, StackSpec
 
 __all__ = ["artifact", "artifact_path", "download_command", "fetch", "format_bytes"]
 
@@ -81,9 +82,15 @@ def _say(*parts: str) -> str:
 
 
 def download_command(
-    url: str, sha256: str, dest_dir: str, filename: str, size: int | None = None
+    url: str,
+    sha256: str,
+    dest_dir: str,
+    filename: str,
+    size: int | None = None,
+    proxy: Proxy | None = None,
 ) -> StringCommand:
-    """The one command that locks, resumes or downloads, verifies, renames and marks.
+    """The one command that locks, resumes or downloads, verifies, renames and marks (through
+    ``proxy``, ``stack.proxy``, when given).
 
     Exit 0 only when ``dest_dir/filename`` has the pinned sum and a fresh marker. Any other
     outcome exits non-zero with a line naming the cause and the fix; a ``.part`` that merely
@@ -115,7 +122,7 @@ def download_command(
     )  # fmt: skip
     script = " ".join(
         [
-            f'd={shlex.quote(dest_dir)}; f={shlex.quote(path)}; p="$f.part"; '
+            shell_prefix(proxy) + f'd={shlex.quote(dest_dir)}; f={shlex.quote(path)}; p="$f.part"; '
             f"m={shlex.quote(marker_path(path))}; n={shlex.quote(filename)}; "
             f"want={sha256}; size={size or ''}; ",
             # 0755, not 0700: the Miniconda installer in here runs as the training user.
@@ -154,6 +161,7 @@ def fetch(
     dest_dir: str,
     filename: str | None = None,
     size: int | None = None,
+    proxy: Proxy | None = None,
 ):
     """
     Download ``url`` into ``dest_dir`` and keep it only if its sha256 matches.
@@ -163,6 +171,7 @@ def fetch(
     + dest_dir: the host's artifact cache (created if missing)
     + filename: file name in the cache (default: last part of the URL)
     + size: expected size in bytes, if known: free space is checked before downloading
+    + proxy: ``stack.proxy`` (None: no proxy)
     """
     sha256 = sha256.lower()
     filename = filename or posixpath.basename(url.split("?", 1)[0])
@@ -205,7 +214,7 @@ def fetch(
         why = state.untrusted or "no valid verified marker"
         host.log(f"{filename}: {why}: checking its sha256 once")
     yield streamed(
-        download_command(url, sha256, dest_dir, filename, size), what=f"download {filename}"
+        download_command(url, sha256, dest_dir, filename, size, proxy), what=f"download {filename}"
     )
 
 
@@ -225,4 +234,5 @@ def artifact(item: str, spec: StackSpec):
         dest_dir=spec.paths.artifact_cache,
         filename=what.filename,
         size=what.size,
+        proxy=spec.proxy,
     )

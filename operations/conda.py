@@ -33,6 +33,8 @@ from facts.conda import (
 )
 from facts.survey import ask
 from operations.training_user import as_user
+from p40fleet.proxy import proxied
+from p40fleet.spec import Proxy
 
 __all__ = [
     "TOS_CHANNELS",
@@ -122,6 +124,7 @@ def conda_tos(
     policy: str = "conda-forge",
     user: str | None = None,
     mirror_channel: str | None = None,
+    proxy: Proxy | None = None,
 ):
     """
     Accept Anaconda's ToS for the default channels once, where the installed conda checks it.
@@ -129,6 +132,7 @@ def conda_tos(
     + prefix: Miniconda prefix
     + policy: ``accept`` or ``conda-forge`` (nothing to accept: creates use conda-forge)
     + user: run the commands as this user (``su``); None = as connected
+    + proxy: ``stack.proxy`` for the fetch (None: no proxy)
     + mirror_channel: creates use this channel only: nothing to accept (``conda tos accept``
       would fetch the terms from repo.anaconda.com)
 
@@ -163,12 +167,16 @@ def conda_tos(
         steps: list[StringCommand | str] = []
         for command in [*accept, record]:
             steps += [command, "&&"]
-        yield as_user(
-            user,
-            StringCommand(
-                "if", QuoteString(conda), "tos --help >/dev/null 2>&1; then", *steps[:-1], "; fi"
+        yield proxied(
+            as_user(
+                user,
+                StringCommand(
+                    "if", QuoteString(conda), "tos --help >/dev/null 2>&1; then", *steps[:-1],
+                    "; fi",
+                ),
             ),
-        )
+            proxy,
+        )  # fmt: skip
         return
     if tos.state == TOS_NO_PLUGIN:
         host.noop(
@@ -185,7 +193,7 @@ def conda_tos(
             host.noop("Anaconda ToS already accepted for pkgs/main and pkgs/r")
             return
     for command in [*accept, record]:
-        yield as_user(user, command)
+        yield proxied(as_user(user, command), proxy)
 
 
 def env_rebuild_reason(
@@ -231,6 +239,7 @@ def env(
     channels: list[str] | None = None,
     force: bool = False,
     user: str | None = None,
+    proxy: Proxy | None = None,
 ):
     """
     Create conda env ``name`` with ``python=python_version``; keep it while healthy.
@@ -241,6 +250,7 @@ def env(
     + channels: extra create arguments, e.g. ``["--override-channels", "-c", "conda-forge"]``
     + force: remove and recreate even a healthy env
     + user: run the commands as this user (``su``); None = as connected
+    + proxy: ``stack.proxy`` for the fetch (None: no proxy)
 
     A missing or non-running python, or the wrong version, means remove + create (the reason is
     logged); a healthy env at the pinned version is kept.
@@ -257,7 +267,7 @@ def env(
         yield as_user(user, StringCommand(conda, "env remove -n", QuoteString(name), "-y"))
         # conda leaves files it did not install (pip caches, markers): start clean.
         yield as_user(user, StringCommand("rm -rf", QuoteString(env_dir(prefix, name))))
-    yield as_user(
+    yield proxied(as_user(
         user,
         StringCommand(
             conda,
@@ -267,4 +277,4 @@ def env(
             "-y",
             *(QuoteString(arg) for arg in channels or []),
         ),
-    )
+    ), proxy)  # fmt: skip

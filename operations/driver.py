@@ -19,6 +19,8 @@ from facts.survey import ask
 from operations import run_lock
 from operations.refuse import refuse
 from p40fleet.profile import driver_branch, driver_supports
+from p40fleet.proxy import proxied_all
+from p40fleet.spec import Proxy
 
 __all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
 
@@ -76,11 +78,13 @@ def apt_install(packages: list[str]):
 
 
 @operation()
-def build_prereqs():
+def build_prereqs(proxy: Proxy | None = None):
     """
     Install what a DKMS build of the driver needs: ``linux-headers-$(uname -r)`` and
     :data:`BUILD_PACKAGES` (dkms, build-essential, pkg-config, libglvnd-dev), each one that
     dpkg does not report installed.
+
+    + proxy: ``stack.proxy`` for apt (None: no proxy)
 
     apt runs (with ``update``) only when something is missing.
     """
@@ -93,7 +97,7 @@ def build_prereqs():
     if not missing:
         host.noop(f"headers for {kernel.release} and {', '.join(BUILD_PACKAGES)} are installed")
         return
-    yield from apt_install(missing)
+    yield from proxied_all(apt_install(missing), proxy)
 
 
 @operation()

@@ -46,6 +46,7 @@ from facts.run_lock import RunLock
 from facts.survey import Part, ask, part, survey
 from facts.training import ModelConfig, StagedDir
 from facts.verl import GitCheckout, VerlPatchCheck
+from p40fleet.proxy import PROXY_FILE
 from p40fleet.run_lock import DEFAULT_PATH
 from p40fleet.spec import ARTIFACTS, StackSpec
 from p40fleet.training import staged_dir
@@ -115,7 +116,10 @@ def preflight_parts(spec: StackSpec, lock: str | None) -> list[Part]:
         part(CudaToolkit, cuda_dir=spec.paths.cuda_dir),
         part(FreeSpace, path=spec.paths.artifact_cache),
         part(LinuxDistribution),
+        part(File, path=PROXY_FILE),  # operations.proxy.credentials
     ]
+    if spec.proxy is not None and spec.proxy.has_secret:
+        parts.append(part(Sha1File, path=PROXY_FILE))
     return parts + ([part(RunLock, path=lock)] if lock else [])
 
 

@@ -19,6 +19,8 @@ from facts.survey import ask
 from operations.refuse import refusal_message
 from operations.training_user import as_user
 from p40fleet import hashlock
+from p40fleet.proxy import proxied
+from p40fleet.spec import Proxy
 
 __all__ = ["pip_command", "same_version", "torch"]
 
@@ -51,6 +53,7 @@ def torch(
     fresh_env: bool = False,
     force: bool = False,
     user: str | None = None,
+    proxy: Proxy | None = None,
 ):
     """
     Install ``torch==version`` (+ torchvision, torchaudio when pinned) into an env.
@@ -66,6 +69,7 @@ def torch(
     + fresh_env: the env is (re)created earlier in this run: ignore what the fact saw
     + force: reinstall even when the pins are installed
     + user: run the commands as this user (``su``); None = as connected
+    + proxy: ``stack.proxy`` for the fetch (None: no proxy)
     """
     pins = {"torch": version, "torchvision": torchvision, "torchaudio": torchaudio}
     pins = {name: pin for name, pin in pins.items() if pin}
@@ -109,7 +113,7 @@ def torch(
     yield from files.put._inner(src=StringIO(text), dest=lock_dest, add_deploy_dir=False)
     # The whole closure at once: --require-hashes refuses any file whose sum the lock does not
     # list and any dependency the lock does not pin, so nothing reaches the env unhashed.
-    yield as_user(
+    yield proxied(as_user(
         user,
         pip_command(
             python,
@@ -119,4 +123,4 @@ def torch(
             "-r",
             QuoteString(lock_dest),
         ),
-    )
+    ), proxy)  # fmt: skip

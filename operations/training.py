@@ -213,8 +213,9 @@ def stage(which: str, spec: StackSpec):
     assert url is not None  # the spec refuses an archive without a URL or a mirror
     cache = spec.paths.artifact_cache
     yield from artifacts.fetch._inner(
-        url=url, sha256=sha256, dest_dir=cache, filename=archive.filename, size=archive.size
-    )
+        url=url, sha256=sha256, dest_dir=cache, filename=archive.filename, size=archive.size,
+        proxy=spec.proxy,
+    )  # fmt: skip
     script = _unpack_script(which, spec, dest)
     # Root opens its own checked copy; the user's tar reads it on stdin (N2).
     yield StringCommand(

@@ -21,6 +21,8 @@ from operations.refuse import refuse, refuse_option_ref
 from operations.survey import same_file
 from operations.torch import pip_command, same_version
 from operations.training_user import as_user, mkdir_as, put_as, same_user_file
+from p40fleet.proxy import proxied
+from p40fleet.spec import Proxy
 from p40fleet.verl_patches import APPLIER_PATH
 
 __all__ = [
@@ -45,7 +47,14 @@ def checkout_moves(path: str, commit: str, user: str | None) -> bool:
 
 
 @operation()
-def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = None):
+def checkout(
+    path: str,
+    remote: str,
+    ref: str,
+    commit: str,
+    user: str | None = None,
+    proxy: Proxy | None = None,
+):
     """
     Clone ``remote`` into ``path`` and check out ``ref``, which must resolve to ``commit``.
 
@@ -54,6 +63,7 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
     + ref: tag/branch to check out
     + commit: the commit HEAD must be at
     + user: run the commands as this user (``su``); None = as connected
+    + proxy: ``stack.proxy`` for the fetch (None: no proxy)
 
     At another commit: fetch, then check out the new ref, dropping only our own recorded
     patches; local edits and untracked files in the new commit's way stop the host with their
@@ -80,14 +90,16 @@ def checkout(path: str, remote: str, ref: str, commit: str, user: str | None = N
             host.noop(f"verl checkout at {ref} ({commit[:12]})")
         return
     if not state.exists:
-        yield as_user(user, StringCommand("git clone --quiet", QuoteString(remote), q_path))
+        clone = StringCommand("git clone --quiet", QuoteString(remote), q_path)
+        yield proxied(as_user(user, clone), proxy)
     else:
         host.log(f"verl checkout at {(state.head or '?')[:12]}, moving to {ref} ({commit[:12]})")
         if state.origin != remote:
             yield as_user(
                 user, StringCommand("git -C", q_path, "remote set-url origin", QuoteString(remote))
             )
-        yield as_user(user, StringCommand("git -C", q_path, "fetch --quiet --tags --force origin"))
+        fetch = StringCommand("git -C", q_path, "fetch --quiet --tags --force origin")
+        yield proxied(as_user(user, fetch), proxy)
         # Only our recorded patches may differ from HEAD (files/verl_patch.py --guard, which owns
         # the record): the user's edits and untracked files in the new commit's way stop the host
         # naming the files; our patches are restored, so the checkout below needs no -f. The
@@ -217,6 +229,7 @@ def requirements(
     index_args: list[str] | None = None,
     fresh_env: bool = False,
     user: str | None = None,
+    proxy: Proxy | None = None,
 ):
     """
     ``pip install --require-hashes -r`` verl's locked deps; skip when this file's sum is recorded.
@@ -228,6 +241,7 @@ def requirements(
     + index_args: pip index arguments (``spec.pip_index_args()``)
     + fresh_env: the env is (re)created earlier in this run
     + user: run the commands as this user (``su``); None = as connected
+    + proxy: ``stack.proxy`` for the fetch (None: no proxy)
     """
     with open(src, "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
@@ -243,7 +257,7 @@ def requirements(
     if not fresh_env and ask(host, MarkerText, path=marker, user=user) == digest:
         host.noop(f"verl requirements {posixpath.basename(src)} already installed")
         return
-    yield as_user(
+    yield proxied(as_user(
         user,
         pip_command(
             python,
@@ -254,7 +268,7 @@ def requirements(
             "-r",
             QuoteString(dest),
         ),
-    )
+    ), proxy)  # fmt: skip
     yield as_user(
         user, StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
     )

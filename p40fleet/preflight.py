@@ -110,7 +110,7 @@ def mirror_refusals(answers: Iterable[tuple[str, str, int, str]]) -> list[Refusa
     """``(item, url, http status, error)`` for each artifact still to download → refusals."""
     refusals = []
     for item, url, status, error in answers:
-        if 200 <= status < 300:
+        if 200 <= status < 300 or status < 0:  # < 0: not asked (facts.mirror.UrlHead)
             continue
         if status == 0:
             reason = f"{url} did not answer ({error or 'no connection'})"

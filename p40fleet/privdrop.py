@@ -20,6 +20,7 @@ import shlex
 __all__ = [
     "AS_USER_FN",
     "CLEAN_PATH",
+    "PROXY_VARIABLES",
     "READ_TIMEOUT_S",
     "STAGE_DIR",
     "as_user_script",
@@ -29,13 +30,20 @@ __all__ = [
 #: PATH of the dropped commands: system directories only, never one under the home.
 CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+#: The proxy variables ``stack.proxy`` sets (:mod:`p40fleet.proxy`): kept through ``env -i``.
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+# Each only when set in the caller's environment (a fetch wrapped by p40fleet.proxy.proxied).
+_KEEP = " ".join(f'${{{v}+"{v}=${v}"}}' for v in PROXY_VARIABLES)
+
 #: ``p40fleet_as USER [VAR=value...] COMMAND [ARGS...]``: COMMAND as USER, environment cleared
-#: (HOME from passwd), working directory ``/`` (python puts the cwd on sys.path). Already that
-#: user: no runuser. Any other non-root caller: runuser refuses, and the answer says so.
+#: (HOME from passwd) but for the proxy variables, working directory ``/`` (python puts the cwd
+#: on sys.path). Already that user: no runuser. Any other non-root caller: runuser refuses,
+#: and the answer says so.
 AS_USER_FN = f"""p40fleet_as() {{
     _u=$1; shift
     _h=$(getent passwd "$_u" | cut -d: -f6)
-    set -- env -i HOME="${{_h:-/}}" USER="$_u" LOGNAME="$_u" SHELL=/bin/sh PATH={CLEAN_PATH} "$@"
+    set -- env -i HOME="${{_h:-/}}" USER="$_u" LOGNAME="$_u" SHELL=/bin/sh PATH={CLEAN_PATH} \\
+        {_KEEP} "$@"
     if [ "$(id -u)" = "$(id -u "$_u")" ]; then (cd / && "$@")
     else (cd / && PATH="$PATH:/usr/sbin:/sbin" && runuser -u "$_u" -- "$@"); fi
 }}"""

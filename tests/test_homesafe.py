@@ -71,7 +71,9 @@ ROOT_ONLY = {
     "nouveau.blacklist": "/etc/modprobe.d",
     "nouveau.initramfs": "/boot",
     "nouveau.unloaded": "the kernel module",
+    "proxy.credentials": "/etc/p40fleet (root-only proxy credentials)",
     "ray.ray_member": "the systemd unit in /etc (the member runs as the user)",
+    "ray.ray_left_out": "the systemd unit in /etc (stopped and removed)",
     "refuse.refuse": "nothing: it stops the host",
     "run_lock.take": "/var/lib/p40fleet",
 }

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from p40fleet.spec.fields import _Problems
 from p40fleet.spec.pins import StackSpec
+from p40fleet.spec.proxy import redact
 
 
 def _short_repr(value: Any, limit: int = 90) -> str:
@@ -39,12 +40,14 @@ class SpecError(ValueError):
         *,
         problems: Iterable[tuple[str, Any, str]] | None = None,
     ):
+        # A proxy URL's password never reaches an error text (nor the error's attributes).
         self.host = host
         self.field = field
-        self.value = value
-        self.expected = expected
+        self.value = redact(value)
+        self.expected = redact(expected)
         self.problems: tuple[tuple[str, Any, str], ...] = tuple(
-            problems if problems is not None else [(field, value, expected)]
+            (f, redact(v), redact(e))
+            for f, v, e in (problems if problems is not None else [(field, value, expected)])
         )
         super().__init__(str(self))
 

@@ -64,6 +64,7 @@ from p40fleet.spec.fields import (
     _root_dir_problem,
     _url_or_abs_path,
 )
+from p40fleet.spec.proxy import Proxy
 
 if TYPE_CHECKING:  # p40fleet.apex_build reads the spec: imported lazily, no cycle
     from p40fleet.apex_build import ApexBuild
@@ -78,6 +79,7 @@ __all__ = [
     "ApexPin",
     "AptMirror",
     "Artifact",
+    "Proxy",
     "CudaArtifact",
     "CudnnArtifact",
     "DriverArtifact",
@@ -640,6 +642,7 @@ class StackSpec(BaseModel):
     user: TrainingUser = Field(default_factory=TrainingUser)
     env: PythonEnv = Field(default_factory=PythonEnv)
     mirror: Mirror | None = None
+    proxy: Proxy | None = None
     policy: Policy = Field(default_factory=Policy)
     ray: RayCluster = Field(default_factory=RayCluster)
     training: Training = Field(default_factory=Training)

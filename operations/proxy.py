@@ -1,0 +1,65 @@
+"""``stack.proxy``'s credentials file on the host (:data:`p40fleet.proxy.PROXY_FILE`).
+
+Written by the preflight, after its refusals and before the first fetch, only for a proxy with
+a password (one without is passed inline: :func:`p40fleet.proxy.shell_prefix`); removed when
+the spec no longer has one, so no stale password stays on the host.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import File
+from pyinfra.operations import files
+
+from facts.survey import ask
+from operations.survey import same_file
+from p40fleet.proxy import PROXY_DIR, PROXY_FILE, file_text
+from p40fleet.spec import Proxy
+
+__all__ = ["credentials", "first_time"]
+
+
+@operation()
+def credentials(proxy: Proxy | None = None):
+    """
+    Keep the proxy's credentials in a root:root 0600 file, or none when nothing needs them.
+
+    + proxy: ``stack.proxy`` (None: no proxy)
+    """
+    if proxy is None or not proxy.has_secret:
+        if ask(host, File, path=PROXY_FILE):
+            yield from files.file._inner(path=PROXY_FILE, present=False)
+        elif proxy is not None:
+            host.noop("the proxy has no password: nothing to keep on the host")
+        return
+    text = file_text(proxy)
+    if same_file(PROXY_FILE, text.encode(), user="root", group="root", mode="600"):
+        return
+    # Never readable by others, not even between the upload and its chmod: a root-only dir, and
+    # the file made 0600 before the upload writes into it (pyinfra's sudo upload cp's into it,
+    # which keeps the mode). What stays: with sudo, pyinfra's temporary copy in its temp dir
+    # lives (as the connecting user, mode per its umask) for the upload's two commands.
+    yield StringCommand(
+        "install -d -m 700 -o root -g root", QuoteString(PROXY_DIR),
+        "&& ( umask 077 && touch", QuoteString(PROXY_FILE), ") && chmod 600",
+        QuoteString(PROXY_FILE),
+    )  # fmt: skip
+    yield from files.put._inner(
+        src=StringIO(text), dest=PROXY_FILE, user="root", group="root", mode="600",
+        add_deploy_dir=False,
+    )  # fmt: skip
+
+
+def first_time(state, host_name: str) -> bool:
+    """True the first time a run asks for ``host_name`` (the preflight is included by every
+    deploy of ``deploy/full.py``: its credentials step is queued once per host)."""
+    done = getattr(state, "p40fleet_proxy_queued", None)
+    if done is None:
+        done = state.p40fleet_proxy_queued = set()
+    if host_name in done:
+        return False
+    done.add(host_name)
+    return True
