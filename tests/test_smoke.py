@@ -232,6 +232,18 @@ def test_a_launch_script_refusal_is_its_own_fix():
     assert check.remedy.startswith("model directory /home/verl/models/x is missing")
 
 
+def test_the_scripts_error_lines_name_the_exception_beyond_the_log_tail():
+    """The script greps the log's exception lines (@@error): an exception followed by more
+    noise than the tail keeps is still named."""
+    out = ["@@p40fleet-smoke 1", "sim=yes", "rc=1", "timed_out=no",
+           "@@error ValueError: Total available GPUs 0 is less than total desired GPUs 1",
+           *[f"@@log (raylet) noise {i}" for i in range(30)], "@@end"]  # fmt: skip
+    check = smoke.smoke_check(smoke.parse_smoke(out), model="m", overrides=CPU)
+    assert check.status == FAIL
+    assert "error: ValueError: Total available GPUs 0 is less than" in check.detail
+    assert "noise 29" in check.detail and "noise 14" not in check.detail  # LOG_LINES: 15
+
+
 def test_no_output_is_a_fail():
     check = smoke.smoke_check(smoke.parse_smoke([]), model="m", overrides=CPU)
     assert check.status == FAIL and "no answer" in check.detail
