@@ -10,11 +10,7 @@ into the ``smoke step`` check. Asked only by ``deploy/verify.py`` with ``verify_
 from __future__ import annotations
 
 import shlex
-from functools import lru_cache
-from pathlib import Path
-from typing import NamedTuple
 
-import jinja2
 from pyinfra.api import FactBase
 from typing_extensions import override
 
@@ -22,61 +18,9 @@ from facts.survey import one_write
 from facts.verify import SIMULATED_HOST_TEST
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.verification import smoke
-from p40fleet.verl_patches import APPLIER_PATH, lab_cpu_ruleset_json
+from p40fleet.verification.smoke_script import RAY_PORT, SMOKE_TEMPLATE, SmokeTargets, render_job
 
-__all__ = ["SMOKE_TEMPLATE", "SmokeStep", "SmokeTargets", "render_smoke"]
-
-SMOKE_TEMPLATE = Path(__file__).resolve().parent.parent / "files" / "verify-smoke.sh.j2"
-#: The GCS port of the Ray head a simulated host's CPU step starts (not Ray's 6379: a Ray
-#: cluster of the fleet may hold that one).
-RAY_PORT = 26379
-
-
-class SmokeTargets(NamedTuple):
-    """What one smoke step runs: the training user, the env's python, the launch script, the
-    verl checkout (whose package a CPU step copies), the verl ref (its lab-cpu rules), the
-    host's GPUs per node (its launch plan) and the bound in seconds. Hashable: a memo key."""
-
-    user: str
-    python: str
-    launch_script: str
-    verl_checkout: str
-    verl_ref: str
-    gpus: int
-    timeout_s: int
-
-
-@lru_cache(maxsize=1)
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
-    )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
-    return env.from_string(SMOKE_TEMPLATE.read_text())
-
-
-def _words(overrides: list[str]) -> str:
-    return " ".join(smoke.shell_word(o) for o in overrides)
-
-
-def render_job(targets: SmokeTargets) -> str:
-    """The script the training user runs (``$1``: ``yes`` on a simulated host)."""
-    try:
-        rules = lab_cpu_ruleset_json(targets.verl_ref)
-    except ValueError:
-        rules = '{"format": 1, "ref": "none", "profile": "lab-cpu", "rules": []}'  # no CPU rules
-    return _template().render(
-        python=targets.python,
-        launch_script=targets.launch_script,
-        verl_checkout=targets.verl_checkout.rstrip("/") or "/",
-        timeout_s=int(targets.timeout_s),
-        log_lines=60,
-        applier=APPLIER_PATH.read_text().rstrip("\n"),
-        rules_json=rules.rstrip("\n"),
-        cpu_overrides=_words(smoke.smoke_overrides(simulated=True, gpus=1)),
-        gpu_overrides=_words(smoke.smoke_overrides(simulated=False, gpus=targets.gpus)),
-        cpu_ray_args=" ".join(shlex.quote(a) for a in smoke.cpu_ray_start_args(RAY_PORT)),
-    )
+__all__ = ["RAY_PORT", "SMOKE_TEMPLATE", "SmokeStep", "SmokeTargets", "render_job", "render_smoke"]
 
 
 def render_smoke(targets: SmokeTargets) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -136,6 +137,17 @@ def test_the_script_runs_exactly_the_overrides_of_smoke_overrides():
     for name in ("HF_DATASETS_CACHE", "HF_HOME", "XDG_CACHE_HOME", "RAY_TMPDIR", "TMPDIR"):
         assert f'{name}="$S' in job, name
     assert subprocess.run(["sh", "-n", "-c", job]).returncode == 0
+
+
+def test_the_script_renders_without_pyinfra():
+    """A GPU harness runs the same script text by hand: rendering it needs no pyinfra."""
+    code = (
+        "import sys; sys.modules['pyinfra'] = None\n"
+        "from p40fleet.verification.smoke_script import SmokeTargets, render_job\n"
+        "print(len(render_job(SmokeTargets('verl', '/p', '/l', '/c', 'v0.5.0', 1, 600))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and int(out.stdout) > 10_000, out.stderr
 
 
 def test_all_of_it_runs_as_the_training_user():
