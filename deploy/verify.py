@@ -51,34 +51,9 @@ def verify_host(spec: StackSpec) -> list[Check]:
         problem = f"{type(exc).__name__}: {exc}"
         return verification.checks_for(spec, gpus, None, problem, target)
     checks = verification.checks_for(spec, gpus, answers, target=target)
-    if _truthy(host.data.get(SMOKE_DATA)):
+    if smoke.requested(host.data.get(smoke.SMOKE_DATA)):
         checks.append(smoke_step(spec, target, checks))
     return checks
-
-
-#: Host data that turns the smoke step on (``python -m p40fleet.verify --smoke`` sets it), and
-#: its bound in seconds.
-SMOKE_DATA = "verify_smoke"
-SMOKE_TIMEOUT_DATA = "verify_smoke_timeout"
-
-
-def _truthy(value: object) -> bool:
-    return value is True or str(value).strip().lower() in ("1", "yes", "true", "on")
-
-
-def smoke_timeout() -> int:
-    """The smoke step's bound: host data ``verify_smoke_timeout`` (s), else the default."""
-    value = host.data.get(SMOKE_TIMEOUT_DATA)
-    try:
-        seconds = int(str(value)) if value not in (None, "") else smoke.DEFAULT_TIMEOUT_S
-    except ValueError:
-        seconds = 0
-    if seconds < 30:
-        raise ValueError(
-            f"{SMOKE_TIMEOUT_DATA}={value!r}: expected whole seconds >= 30 "
-            f"(default {smoke.DEFAULT_TIMEOUT_S})"
-        )
-    return seconds
 
 
 def smoke_step(spec: StackSpec, target, checks: list[Check]) -> Check:
@@ -87,9 +62,9 @@ def smoke_step(spec: StackSpec, target, checks: list[Check]) -> Check:
     if skipped is not None:
         return skipped
     try:
-        timeout_s = smoke_timeout()
+        timeout_s = smoke.timeout_from_data(host.data.get(smoke.SMOKE_TIMEOUT_DATA))
     except ValueError as exc:
-        return Check(smoke.CHECK, FAIL, str(exc), "set it to seconds (or leave it out)")
+        return Check(smoke.CHECK, FAIL, str(exc), "set it to whole seconds (or leave it out)")
     gpus = smoke.gpus_per_node(target.overrides)
     targets = SmokeTargets(
         user=spec.user.name,

@@ -36,7 +36,12 @@ from pathlib import Path
 from p40fleet import report
 from p40fleet.verification import TABLE_ENV
 from p40fleet.verification.smoke import CHECK as SMOKE_CHECK
-from p40fleet.verification.smoke import DEFAULT_TIMEOUT_S
+from p40fleet.verification.smoke import (
+    DEFAULT_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+    SMOKE_DATA,
+    SMOKE_TIMEOUT_DATA,
+)
 
 __all__ = ["DEPLOY", "REPO", "main", "pyinfra_command"]
 
@@ -149,9 +154,9 @@ def pyinfra_command(
     """The pyinfra command line the CLI runs (``smoke``: host data ``verify_smoke=yes``)."""
     command = [sys.executable, "-m", "pyinfra", "-y", inventory, str(DEPLOY)]
     if smoke:
-        command += ["--data", "verify_smoke=yes"]
+        command += ["--data", f"{SMOKE_DATA}=yes"]
         if smoke_timeout is not None:
-            command += ["--data", f"verify_smoke_timeout={smoke_timeout}"]
+            command += ["--data", f"{SMOKE_TIMEOUT_DATA}={smoke_timeout}"]
     if not inventory.startswith("@") and not Path(inventory).is_file():
         # A host list carries no host data: pyinfra's default would trust the first key it
         # sees (accept-new). Strict checking holds for host lists too (security S17).
@@ -208,8 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         junit_path = _json_arg(args.junit, "--junit")
         if args.smoke_timeout is not None and not args.smoke:
             raise UsageError("--smoke-timeout needs --smoke")
-        if args.smoke_timeout is not None and args.smoke_timeout < 30:
-            raise UsageError(f"--smoke-timeout {args.smoke_timeout}: expected seconds >= 30")
+        if args.smoke_timeout is not None and args.smoke_timeout < MIN_TIMEOUT_S:
+            raise UsageError(
+                f"--smoke-timeout {args.smoke_timeout}: expected seconds >= {MIN_TIMEOUT_S}"
+            )
     except UsageError as exc:
         return _fail(str(exc))
     if importlib.util.find_spec("pyinfra") is None:

@@ -351,7 +351,17 @@ def test_lab_cpu_rules_are_separate_from_every_host_rule_set():
         vp.lab_cpu_rule_set(vp.SEED_COMMIT)
 
 
-# --- the CLI switch -------------------------------------------------------------------------
+# --- the switch: host data and the CLI ----------------------------------------------------
+
+
+def test_host_data_switch_and_bound():
+    assert smoke.requested("yes") and smoke.requested(True) and smoke.requested("1")
+    assert not smoke.requested(None) and not smoke.requested("no") and not smoke.requested("")
+    assert smoke.timeout_from_data(None) == smoke.DEFAULT_TIMEOUT_S == 600
+    assert smoke.timeout_from_data("900") == 900 and smoke.timeout_from_data(45) == 45
+    for bad in ("10", "ten", "-5", "1.5"):
+        with pytest.raises(ValueError, match="verify_smoke_timeout="):
+            smoke.timeout_from_data(bad)
 
 
 def test_smoke_switch_becomes_host_data():

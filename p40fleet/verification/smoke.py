@@ -60,6 +60,33 @@ SCRATCH = "@SCRATCH@"
 _CPU_RAY_RESOURCES = '{"cpu": 1}'
 
 
+#: Host data that turns the smoke step on (``python -m p40fleet.verify --smoke`` sets it), and
+#: its bound in seconds.
+SMOKE_DATA = "verify_smoke"
+SMOKE_TIMEOUT_DATA = "verify_smoke_timeout"
+#: The shortest bound accepted: Ray and the imports alone take longer.
+MIN_TIMEOUT_S = 30
+
+
+def requested(value: object) -> bool:
+    """Whether host data ``verify_smoke`` asks for the step (``--data`` gives a string)."""
+    return value is True or str(value).strip().lower() in ("1", "yes", "true", "on")
+
+
+def timeout_from_data(value: object) -> int:
+    """The bound from host data ``verify_smoke_timeout`` (None or "": the default); raises
+    ValueError naming the key for anything but whole seconds >= :data:`MIN_TIMEOUT_S`."""
+    if value is None or value == "":
+        return DEFAULT_TIMEOUT_S
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < MIN_TIMEOUT_S:
+        raise ValueError(
+            f"{SMOKE_TIMEOUT_DATA}={value!r}: expected whole seconds >= {MIN_TIMEOUT_S} "
+            f"(default {DEFAULT_TIMEOUT_S})"
+        )
+    return int(text)
+
+
 def gpus_per_node(overrides: Iterable[str]) -> int:
     """``trainer.n_gpus_per_node`` of the host's launch plan (1 when it names none)."""
     value = 1
