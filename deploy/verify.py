@@ -22,14 +22,17 @@ from __future__ import annotations
 
 from pyinfra import host, state
 
+from facts.conda import env_python
 from facts.gpu import PciGpus
 from facts.host import LinuxDistribution, os_label
+from facts.smoke import SmokeStep, SmokeTargets
 from facts.survey import ask
 from facts.verify import VerifyProbe
-from operations import ray_cluster, training, verification
+from operations import launch, ray_cluster, training, verification
 from operations.refuse import refuse
 from p40fleet import preflight, report
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.verification import smoke
 from p40fleet.verification.check import FAIL, Check, spec_failure
 
 _RESULTS_ATTR = "p40fleet_verify_results"
@@ -37,7 +40,8 @@ _PRINTED_ATTR = "p40fleet_verify_printed"
 
 
 def verify_host(spec: StackSpec) -> list[Check]:
-    """Probe this host once (a fact: read-only) and run every check."""
+    """Probe this host once (a fact: read-only) and run every check; with ``verify_smoke`` in
+    the host data, one PPO step after them (``smoke step``)."""
     gpus = list(ask(host, PciGpus))
     target = None
     try:
@@ -46,7 +50,38 @@ def verify_host(spec: StackSpec) -> list[Check]:
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
         return verification.checks_for(spec, gpus, None, problem, target)
-    return verification.checks_for(spec, gpus, answers, target=target)
+    checks = verification.checks_for(spec, gpus, answers, target=target)
+    if smoke.requested(host.data.get(smoke.SMOKE_DATA)):
+        checks.append(smoke_step(spec, target, checks))
+    return checks
+
+
+def smoke_step(spec: StackSpec, target, checks: list[Check]) -> Check:
+    """One PPO step through the host's own ~/launch-ppo.sh, as the training user (a fact)."""
+    skipped = smoke.smoke_skip(checks)
+    if skipped is not None:
+        return skipped
+    try:
+        timeout_s = smoke.timeout_from_data(host.data.get(smoke.SMOKE_TIMEOUT_DATA))
+    except ValueError as exc:
+        return Check(smoke.CHECK, FAIL, str(exc), "set it to whole seconds (or leave it out)")
+    gpus = smoke.gpus_per_node(target.overrides)
+    targets = SmokeTargets(
+        user=spec.user.name,
+        python=env_python(spec.env.conda_prefix, spec.env.name),
+        launch_script=launch.script_path(spec.user.home),
+        verl_checkout=spec.env.verl_checkout,
+        verl_ref=spec.verl.ref,
+        gpus=gpus,
+        timeout_s=timeout_s,
+    )
+    run = ask(host, SmokeStep, targets=targets)
+    return smoke.smoke_check(
+        run,
+        model=spec.training.model.name,
+        overrides=smoke.smoke_overrides(simulated=run.values.get("sim") == "yes", gpus=gpus),
+        timeout_s=timeout_s,
+    )
 
 
 def _refused(spec: StackSpec) -> list[preflight.Refusal]:

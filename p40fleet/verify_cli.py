@@ -1,9 +1,13 @@
 """``python -m p40fleet.verify``: verify a fleet, print one table, exit 0 / 1 / 2.
 
     python -m p40fleet.verify INVENTORY [--json PATH] [--junit PATH] [--limit HOST]... [-v] [-q]
+                                        [--smoke [--smoke-timeout S]]
 
 Runs ``python -m pyinfra -y INVENTORY deploy/verify.py`` (read-only: it changes nothing) with
-the report path in ``$P40FLEET_REPORT``, then prints the fleet table from that report. The JSON
+the report path in ``$P40FLEET_REPORT``, then prints the fleet table from that report. ``--smoke``
+(host data ``verify_smoke=yes``) adds one PPO step per host that passes the other checks
+(``p40fleet.verification.smoke``): minutes per host, not read-only in /tmp (a scratch dir the
+training user makes and removes). The JSON
 report carries its provenance (UTC time, inventory, p40fleet version), the pins in force and
 each host's GPUs; ``--junit`` writes the same report as JUnit XML for CI systems.
 
@@ -31,6 +35,13 @@ from pathlib import Path
 
 from p40fleet import report
 from p40fleet.verification import TABLE_ENV
+from p40fleet.verification.smoke import CHECK as SMOKE_CHECK
+from p40fleet.verification.smoke import (
+    DEFAULT_TIMEOUT_S,
+    MIN_TIMEOUT_S,
+    SMOKE_DATA,
+    SMOKE_TIMEOUT_DATA,
+)
 
 __all__ = ["DEPLOY", "REPO", "main", "pyinfra_command"]
 
@@ -88,6 +99,19 @@ def _parser() -> argparse.ArgumentParser:
         help="verify only this host or group (repeatable; passed to pyinfra --limit)",
     )
     parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="also run ONE PPO step through each passing host's ~/launch-ppo.sh, as the "
+        "training user (CPU on a simulated host); minutes per host",
+    )
+    parser.add_argument(
+        "--smoke-timeout",
+        metavar="S",
+        type=int,
+        default=None,
+        help=f"bound of one smoke step in seconds (default {DEFAULT_TIMEOUT_S}: a cold start)",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="one table row per check, PASS included"
     )
     parser.add_argument(
@@ -121,9 +145,18 @@ def _json_arg(value: str | None, option: str = "--json") -> Path | None:
     return path
 
 
-def pyinfra_command(inventory: str, limits: Sequence[str] = ()) -> list[str]:
-    """The pyinfra command line the CLI runs."""
+def pyinfra_command(
+    inventory: str,
+    limits: Sequence[str] = (),
+    smoke: bool = False,
+    smoke_timeout: int | None = None,
+) -> list[str]:
+    """The pyinfra command line the CLI runs (``smoke``: host data ``verify_smoke=yes``)."""
     command = [sys.executable, "-m", "pyinfra", "-y", inventory, str(DEPLOY)]
+    if smoke:
+        command += ["--data", f"{SMOKE_DATA}=yes"]
+        if smoke_timeout is not None:
+            command += ["--data", f"{SMOKE_TIMEOUT_DATA}={smoke_timeout}"]
     if not inventory.startswith("@") and not Path(inventory).is_file():
         # A host list carries no host data: pyinfra's default would trust the first key it
         # sees (accept-new). Strict checking holds for host lists too (security S17).
@@ -178,6 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         inventory = _inventory_arg(args.inventory)
         json_path = _json_arg(args.json)
         junit_path = _json_arg(args.junit, "--junit")
+        if args.smoke_timeout is not None and not args.smoke:
+            raise UsageError("--smoke-timeout needs --smoke")
+        if args.smoke_timeout is not None and args.smoke_timeout < MIN_TIMEOUT_S:
+            raise UsageError(
+                f"--smoke-timeout {args.smoke_timeout}: expected seconds >= {MIN_TIMEOUT_S}"
+            )
     except UsageError as exc:
         return _fail(str(exc))
     if importlib.util.find_spec("pyinfra") is None:
@@ -190,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="p40fleet-verify-") as tmp:
         report_path = Path(tmp) / "report.json"
-        command = pyinfra_command(inventory, args.limit)
+        command = pyinfra_command(inventory, args.limit, args.smoke, args.smoke_timeout)
         try:
             rc, tail = _run_pyinfra(command, _env(report_path, inventory), args.quiet)
         except OSError as exc:
@@ -208,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if junit_path is not None:
         report.write_junit(fleet, junit_path)
     report.print_report(fleet, verbose=args.verbose)
+    if args.smoke:
+        _print_smoke(fleet)
     if json_path is not None:
         print(f"report: {json_path}")
     if junit_path is not None:
@@ -220,6 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         code = report.EXIT_FAIL
     return code
+
+
+def _print_smoke(fleet: dict) -> None:
+    """One line per host with a smoke step (the table shows a PASS only with -v)."""
+    for name, entry in sorted((fleet.get("hosts") or {}).items()):
+        for check in entry.get("checks") or []:
+            if check.get("name") == SMOKE_CHECK:
+                fix = f" (fix: {check['remedy']})" if check.get("remedy") else ""
+                print(f"smoke step {name}: {check['status']} {check['detail']}{fix}")
 
 
 def _no_report(rc: int, tail: list[str], quiet: bool) -> int:

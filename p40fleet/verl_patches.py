@@ -373,3 +373,109 @@ def plan(checkout: str | Path, ref: str, profile: str) -> dict[str, Any]:
 def apply(checkout: str | Path, ref: str, profile: str, check: bool = False) -> dict[str, Any]:
     """Apply in-process (tests, local checkouts). Hosts run files/verl_patch.py instead."""
     return load_applier().apply(str(checkout), rule_set(ref, profile).to_json_dict(), check=check)
+
+
+# --- LAB-ONLY rule set "lab-cpu": one PPO step on CPU in a simulated host (issue 25) ----------
+#
+# Never applied to a host's ~/verl: verify --smoke on a simulated host (p40lab) copies the
+# checkout's verl package into a scratch directory, applies these rules there with
+# files/verl_patch.py and puts that copy first on PYTHONPATH (issue 25, the CPU probe:
+# the three edits one v0.5.0 PPO step on CPU needs, FSDP1, no reference policy).
+
+LAB_CPU_PROFILE = "lab-cpu"
+
+_CPU_SHIM = '''logger = logging.getLogger(__name__)  # p40fleet lab-cpu: the CPU shim follows
+
+
+class _CpuDeviceShim:
+    """p40fleet lab-cpu: torch.cpu, plus the torch.cuda-only calls verl makes (memory 0, no-op)."""
+
+    def __getattr__(self, name):
+        if name in ("manual_seed", "get_rng_state", "set_rng_state"):
+            return getattr(torch, name)
+        if name == "mem_get_info":
+            return lambda *args, **kwargs: (0, 0)
+        if "memory" in name:
+            return lambda *args, **kwargs: 0
+        if name == "empty_cache":
+            return lambda *args, **kwargs: None
+        if name == "get_device_name":
+            return lambda *args, **kwargs: "cpu"
+        if hasattr(torch.cpu, name):
+            return getattr(torch.cpu, name)
+        raise AttributeError(f"torch.cpu has no {name!r} (p40fleet lab-cpu shim)")
+
+
+_CPU_DEVICE_SHIM = _CpuDeviceShim()
+'''
+
+_V050_LAB_CPU: tuple[Rule, ...] = (
+    Rule(
+        id="lab-cpu-gloo-backend",
+        file="verl/workers/fsdp_workers.py",
+        old='backend=f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}",',
+        new='backend="gloo" if get_device_name() == "cpu" else '
+        'f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}",',
+        count=1,
+        why="On CPU the actor's process-group backend string names cpu twice and "
+        "get_nccl_backend() raises; plain gloo is the CPU process group.",
+    ),
+    Rule(
+        id="lab-cpu-device-shim-class",
+        file="verl/utils/device.py",
+        old="logger = logging.getLogger(__name__)\n",
+        new=_CPU_SHIM,
+        count=1,
+        why="torch.cpu has none of the torch.cuda memory/cache calls verl makes unconditionally "
+        "(profiler/performance.py, fsdp_workers.py, hf_rollout.py, flops_counter.py).",
+    ),
+    Rule(
+        id="lab-cpu-device-shim-use",
+        file="verl/utils/device.py",
+        old=(
+            "    device_name = get_device_name()\n"
+            "    try:\n"
+            "        return getattr(torch, device_name)\n"
+        ),
+        new=(
+            "    device_name = get_device_name()\n"
+            '    if device_name == "cpu":  # p40fleet lab-cpu\n'
+            "        return _CPU_DEVICE_SHIM\n"
+            "    try:\n"
+            "        return getattr(torch, device_name)\n"
+        ),
+        count=1,
+        why="get_torch_device() answers the CPU shim on CPU, so one edit covers every call site.",
+    ),
+    Rule(
+        id="lab-cpu-no-sync-module-states",
+        file="verl/workers/fsdp_workers.py",
+        old="                sync_module_states=True,\n",
+        new='                sync_module_states=device_name != "cpu",\n',
+        count=3,
+        why="FSDP1 refuses sync_module_states with CPU parameters; with one rank there is "
+        "nothing to broadcast (actor/ref, critic and reward-model wrappers).",
+    ),
+)
+
+#: verl ref (as RULE_SETS names it) -> the lab-only CPU rule set.
+LAB_CPU_RULE_SETS: dict[str, RuleSet] = {
+    "v0.5.0": RuleSet("v0.5.0", LAB_CPU_PROFILE, _V050_LAB_CPU),
+}
+
+
+def lab_cpu_rule_set(ref: str) -> RuleSet:
+    """The LAB-ONLY CPU rule set for a verl ref (raises VerlPatchError when it has none)."""
+    base = REF_ALIASES.get(ref, ref)
+    if base not in LAB_CPU_RULE_SETS:
+        raise VerlPatchError(
+            f"verl ref {ref!r} has no lab-cpu rule set (a CPU smoke step needs one): known "
+            f"{sorted(LAB_CPU_RULE_SETS)}"
+        )
+    rs = LAB_CPU_RULE_SETS[base]
+    return RuleSet(ref, rs.profile, rs.rules)
+
+
+def lab_cpu_ruleset_json(ref: str) -> str:
+    """The JSON files/verl_patch.py takes (``--rules``) for the lab-only CPU rule set."""
+    return json.dumps(lab_cpu_rule_set(ref).to_json_dict(), indent=2, sort_keys=True) + "\n"

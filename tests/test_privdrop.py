@@ -22,6 +22,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
 from facts.conda import EnvPython
+from facts.smoke import SmokeStep, SmokeTargets
 from facts.verify import VerifyProbe, render_probe
 from operations import apex, conda, torch, training, training_user, verl
 from p40fleet.privdrop import AS_USER_FN
@@ -72,6 +73,8 @@ def _under_home_args(cls: type[FactBase]) -> dict:
     args = {name: values.get(name, f"{HOME}/{name}") for name in _command_params(cls)}
     if cls is VerifyProbe:  # its one argument is the targets: every path under the home
         return {"targets": ProbeTargets(**args)}
+    if cls is SmokeStep:  # the same, plus its two numbers
+        return {"targets": SmokeTargets(**dict(args, gpus=1, timeout_s=600))}
     return args
 
 
@@ -79,6 +82,8 @@ def _command_params(cls: type[FactBase]) -> set[str]:
     """The names ``cls().command`` takes (the probe's: its targets' fields)."""
     if cls is VerifyProbe:
         return set(ProbeTargets._fields)
+    if cls is SmokeStep:
+        return set(SmokeTargets._fields) - {"gpus", "timeout_s"}
     return set(inspect.signature(cls.command).parameters) - {"self"}
 
 

@@ -146,6 +146,8 @@ from p40fleet import report
 from p40fleet.verification.check import Check
 checks = [Check("torch version", "PASS", "2.6.0+cu118 True (6, 1)"),
           Check("torch cuda", "SKIP", "simulated host: no real GPU behind torch.cuda")]
+if "verify_smoke=yes" in sys.argv:
+    checks.append(Check("smoke step", "PASS", "CPU (simulated host): 1 PPO step in 0.27 s"))
 report.write_report(report.build_report({"lab1": report.host_entry(checks)}),
                     os.environ["P40FLEET_REPORT"])
 print("fake pyinfra args:", " ".join(sys.argv[1:]))
@@ -159,11 +161,11 @@ def fake_pyinfra(tmp_path, monkeypatch):
     script = tmp_path / "fake_pyinfra.py"
     script.write_text(FAKE_PYINFRA)
 
-    def command(inventory, limits=()):
+    def command(inventory, limits=(), smoke=False, smoke_timeout=None):
         args = [sys.executable, str(script), inventory]
         for limit in limits:
             args += ["--limit", limit]
-        return args
+        return args + (["--data", "verify_smoke=yes"] if smoke else [])
 
     monkeypatch.setattr(verify_cli, "pyinfra_command", command)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
@@ -179,6 +181,14 @@ def test_all_pass_is_0(fake_pyinfra, tmp_path, capsys):
     assert "1/1 hosts pass" in printed
     assert "fake pyinfra inventory env: @local" in printed  # for the report's provenance
     assert report.load_report(out)["summary"]["verdict"] == PASS
+
+
+def test_smoke_prints_each_hosts_step_even_without_verbose(fake_pyinfra, capsys):
+    assert verify_cli.main(["@local", "-q", "--smoke"]) == 0
+    printed = capsys.readouterr().out
+    assert "smoke step lab1: PASS CPU (simulated host): 1 PPO step in 0.27 s" in printed
+    assert verify_cli.main(["@local", "-q"]) == 0
+    assert "smoke step" not in capsys.readouterr().out
 
 
 def test_all_pass_junit(fake_pyinfra, tmp_path, capsys):

@@ -12,6 +12,8 @@ import json
 import os
 import re
 import resource
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -142,6 +144,58 @@ def test_fresh_fleet_passes_the_training_path_for_real(fleet):
     )
     out = lab.ssh("lab1", load, timeout=300)
     assert out.stdout.strip().endswith("True"), out.stdout + out.stderr
+
+
+def test_smoke_step_trains_on_every_converged_host_and_fails_a_broken_launch_script(
+    fleet, tmp_path
+):
+    """``verify --smoke`` runs one PPO step (CPU on the lab) on each host, once: lab1 and lab3
+    PASS through their own ~/launch-ppo.sh; lab2's script, broken on purpose with an override
+    that composes but that verl rejects at run time, FAILs with the trainer's error and a fix.
+    Nothing of the user's is touched: no ~/outputs, no datasets cache, no scratch dir or Ray
+    left, ~/verl as it was."""
+    lab = fleet["lab"]
+    script = lab.root("lab2") / "home/verl/launch-ppo.sh"
+    text = script.read_text()
+    broken = "actor_rollout_ref.rollout.name=no_such_rollout"
+    script.write_text(text.replace('    "$@"\n', f'    {broken} \\\n    "$@"\n'))
+    # the user's outputs and caches, and the patch record of ~/verl, as they were before
+    users = ("sha256sum /home/verl/verl/.p40fleet-patches.json; ls -d /home/verl/outputs "
+             "/home/verl/.cache/huggingface /home/verl/checkpoints 2>/dev/null; true")  # fmt: skip
+    before = {n: lab.ssh(n, users, check=True).stdout for n in PROVISIONED}
+    report = tmp_path / "smoke.json"
+    # three CPU steps at once on the 2-core machine, cold: more than the default bound
+    argv = [sys.executable, "-m", "p40fleet.verify", "inventories/sim.py", "--smoke", "-q",
+            "--smoke-timeout", "900", "--json", str(report)]  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(
+            argv, cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=1800,
+            env={**os.environ, **AS_ADMIN}, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        script.write_text(text)
+    print(f"verify --smoke on {len(PROVISIONED)} hosts: {time.monotonic() - t0:.0f} s")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    for name in ("lab1", "lab3"):
+        check = checks_of(report, name)["smoke step"]
+        print(f"{name}: {check['detail']}")
+        assert check["status"] == "PASS", (name, check)
+        assert check["detail"].startswith("CPU (simulated host): 1 PPO step in ")
+        assert "lengths 64+16" in check["detail"]
+    lab2 = checks_of(report, "lab2")
+    assert lab2["launch overrides"]["status"] == "PASS"  # it composes: only a step finds it
+    assert lab2["smoke step"]["status"] == "FAIL", lab2["smoke step"]
+    assert "no_such_rollout" in lab2["smoke step"]["detail"], lab2["smoke step"]
+    assert "launch-ppo.sh" in lab2["smoke step"]["remedy"]
+    for name in PROVISIONED:
+        left = lab.ssh(
+            name,
+            "ls -d /tmp/p40fleet-smoke.* 2>/dev/null; pgrep -u verl -f ray:: ; "
+            "pgrep -u verl -f gcs_server; true",
+        ).stdout.split()
+        assert left == [], (name, left)  # no scratch dir, no Ray left
+        assert lab.ssh(name, users, check=True).stdout == before[name], name
 
 
 def test_unsupported_gpu_refused_before_any_change(fleet):

@@ -1,0 +1,58 @@
+"""The smoke step of ``verify --smoke``: one PPO step through ~/launch-ppo.sh, as a fact.
+
+The script is ``files/verify-smoke.sh.j2`` rendered with the host's paths; all of it runs as the
+training user (``p40fleet.privdrop``), root only tests whether the host is simulated. It
+changes nothing the user owns (its scratch directory in /tmp is made and removed by the user)
+and always exits 0: what happened is in the answer, which ``p40fleet.verification.smoke`` turns
+into the ``smoke step`` check. Asked only by ``deploy/verify.py`` with ``verify_smoke`` set.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra.api import FactBase
+from typing_extensions import override
+
+from facts.survey import one_write
+from facts.verify import SIMULATED_HOST_TEST
+from p40fleet.privdrop import AS_USER_FN
+from p40fleet.verification import smoke
+from p40fleet.verification.smoke_script import RAY_PORT, SMOKE_TEMPLATE, SmokeTargets, render_job
+
+__all__ = ["RAY_PORT", "SMOKE_TEMPLATE", "SmokeStep", "SmokeTargets", "render_job", "render_smoke"]
+
+
+def render_smoke(targets: SmokeTargets) -> str:
+    """The whole command: root tests whether the host is simulated, the training user runs the
+    job (never root: the launch script, the env and the checkout are the user's)."""
+    if not targets.user:
+        raise ValueError("no training user given: the smoke step never runs as root")
+    u = shlex.quote(targets.user)
+    return (
+        f"{AS_USER_FN}\n"
+        f"if {SIMULATED_HOST_TEST}; then p40fleet_sim=yes; else p40fleet_sim=no; fi\n"
+        f"if id -u {u} >/dev/null 2>&1; then "
+        f'p40fleet_as {u} sh -c {shlex.quote(render_job(targets))} sh "$p40fleet_sim"; '
+        f"else echo '@@p40fleet-smoke 1'; echo 'launch=absent'; echo '@@end'; fi; true"
+    )
+
+
+class SmokeStep(FactBase[smoke.SmokeRun]):
+    """
+    Returns what one PPO smoke step through the host's ~/launch-ppo.sh said (``SmokeRun``).
+    Runs minutes; never fails the host.
+    """
+
+    @staticmethod
+    @override
+    def default() -> smoke.SmokeRun:
+        return smoke.SmokeRun()
+
+    @override
+    def command(self, targets: SmokeTargets) -> str:
+        return one_write(render_smoke(SmokeTargets(*targets))).get_raw_value()
+
+    @override
+    def process(self, output: list[str]) -> smoke.SmokeRun:
+        return smoke.parse_smoke(output)

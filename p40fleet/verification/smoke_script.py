@@ -1,0 +1,73 @@
+"""The smoke step's script: ``files/verify-smoke.sh.j2`` rendered for one host (no pyinfra).
+
+``facts.smoke.SmokeStep`` runs it on a host as the training user; a GPU harness can run the same
+text by hand (``sh JOB no``), so the device run and verify share one code path.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import NamedTuple
+
+import jinja2
+
+from p40fleet.verification import smoke
+from p40fleet.verl_patches import APPLIER_PATH, VerlPatchError, lab_cpu_ruleset_json
+
+__all__ = ["RAY_PORT", "SMOKE_TEMPLATE", "SmokeTargets", "render_job"]
+
+SMOKE_TEMPLATE = APPLIER_PATH.parent / "verify-smoke.sh.j2"
+#: The GCS port of the Ray head a simulated host's CPU step starts (not Ray's 6379: a Ray
+#: cluster of the fleet may hold that one).
+RAY_PORT = 26379
+#: Lines of the trainer's log the script sends back (the check keeps the last ones).
+SCRIPT_LOG_LINES = 60
+
+
+class SmokeTargets(NamedTuple):
+    """What one smoke step runs: the training user, the env's python, the launch script, the
+    verl checkout (whose package a CPU step copies), the verl ref (its lab-cpu rules), the
+    host's GPUs per node (its launch plan) and the bound in seconds. Hashable: a memo key."""
+
+    user: str
+    python: str
+    launch_script: str
+    verl_checkout: str
+    verl_ref: str
+    gpus: int
+    timeout_s: int
+
+
+@lru_cache(maxsize=1)
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env.from_string(Path(SMOKE_TEMPLATE).read_text())
+
+
+def _words(overrides: list[str]) -> str:
+    return " ".join(smoke.shell_word(o) for o in overrides)
+
+
+def render_job(targets: SmokeTargets) -> str:
+    """The script the training user runs (``$1``: ``yes`` on a simulated host: the CPU step)."""
+    try:
+        rules = lab_cpu_ruleset_json(targets.verl_ref)
+    except VerlPatchError:  # no CPU rules for this ref: the applier says so on a simulated host
+        rules = '{"format": 1, "ref": "none", "profile": "lab-cpu", "rules": []}'
+    return _template().render(
+        python=targets.python,
+        launch_script=targets.launch_script,
+        verl_checkout=targets.verl_checkout.rstrip("/") or "/",
+        timeout_s=int(targets.timeout_s),
+        log_lines=SCRIPT_LOG_LINES,
+        applier=APPLIER_PATH.read_text().rstrip("\n"),
+        rules_json=rules.rstrip("\n"),
+        cpu_overrides=_words(smoke.smoke_overrides(simulated=True, gpus=1)),
+        gpu_overrides=_words(smoke.smoke_overrides(simulated=False, gpus=targets.gpus)),
+        cpu_ray_args=" ".join(shlex.quote(a) for a in smoke.cpu_ray_start_args(RAY_PORT)),
+    )

@@ -1,0 +1,377 @@
+"""verify --smoke: the overrides (one function for CPU and GPU), the script that runs them as the
+training user, its output read into PASS / FAIL / SKIP (fixtures from real runs), the lab-only
+CPU rule set on the real verl 0.5.0 sdist, and the CLI switch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from facts.smoke import RAY_PORT, SmokeTargets, render_job, render_smoke
+from p40fleet import verify_cli
+from p40fleet import verl_patches as vp
+from p40fleet.launch import plan_launch
+from p40fleet.spec import load_spec
+from p40fleet.verification import smoke
+from p40fleet.verification.check import FAIL, PASS, SKIP, Check
+from tests.verl_checks import verl_failures
+from tests.verl_sdist import extract_verl
+
+FIXTURES = Path(__file__).parent / "fixtures" / "smoke"
+SPEC = load_spec("lab1", {})
+P40 = 0x1B38
+TARGETS = SmokeTargets(
+    user="verl",
+    python="/home/verl/miniconda3/envs/verl-p40/bin/python",
+    launch_script="/home/verl/launch-ppo.sh",
+    verl_checkout="/home/verl/verl",
+    verl_ref="v0.5.0",
+    gpus=4,
+    timeout_s=600,
+)
+
+
+def fixture(name: str) -> list[str]:
+    return (FIXTURES / name).read_text().splitlines()
+
+
+# --- the overrides ------------------------------------------------------------------------
+
+
+def keyed(overrides: list[str]) -> dict[str, str]:
+    return dict(o.split("=", 1) for o in overrides)
+
+
+def test_cpu_overrides_one_step_one_worker_on_cpu_nothing_saved():
+    o = keyed(smoke.smoke_overrides(simulated=True, gpus=8))
+    assert o["trainer.device"] == "cpu"
+    assert (o["trainer.nnodes"], o["trainer.n_gpus_per_node"]) == ("1", "1")
+    assert o["trainer.total_training_steps"] == "1"
+    assert (o["trainer.val_before_train"], o["trainer.test_freq"], o["trainer.save_freq"]) == (
+        "False", "-1", "-1",
+    )  # fmt: skip
+    assert o["hydra.run.dir"] == f"{smoke.SCRATCH}/hydra"
+    assert o["trainer.default_local_dir"].startswith(smoke.SCRATCH)
+    assert (o["data.max_prompt_length"], o["data.max_response_length"]) == ("64", "16")
+
+
+def test_gpu_overrides_use_the_hosts_workers_and_never_cpu():
+    o = keyed(smoke.smoke_overrides(simulated=False, gpus=4))
+    assert "trainer.device" not in o
+    assert o["trainer.n_gpus_per_node"] == "4" and o["trainer.nnodes"] == "1"
+    assert o["data.train_batch_size"] == o["actor_rollout_ref.actor.ppo_mini_batch_size"] == "4"
+
+
+def test_gpus_per_node_comes_from_the_launch_plan():
+    plan = plan_launch(SPEC, [P40] * 8)
+    assert smoke.gpus_per_node(plan.overrides) == 8
+    assert smoke.gpus_per_node([]) == 1
+
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory) -> str:
+    tree = extract_verl(tmp_path_factory.mktemp("verl") / "verl-0.5.0")
+    return str(tree / "verl" / "trainer" / "config")
+
+
+def composed(config_dir: str, overrides: list[str]):
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=list(overrides))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "gpus,simulated", [(1, True), (4, True), (1, False), (4, False), (8, False)]
+)
+def test_launch_plan_plus_smoke_composes_and_passes_verls_checks(config_dir, gpus, simulated):
+    plan = plan_launch(SPEC, [P40] * gpus)
+    extra = smoke.smoke_overrides(simulated=simulated, gpus=gpus, scratch="/tmp/s")
+    cfg = composed(config_dir, [*plan.overrides, *extra])  # the script's, then the smoke's
+    assert verl_failures(cfg, val_rows=1) == []
+    workers = 1 if simulated else gpus
+    assert cfg.trainer.n_gpus_per_node == workers and cfg.trainer.nnodes == 1
+    assert cfg.data.train_batch_size == workers  # one sample per worker: the smallest
+    assert cfg.trainer.total_training_steps == 1 and cfg.trainer.save_freq == -1
+    assert cfg.trainer.device == ("cpu" if simulated else "cuda")
+
+
+def test_a_smaller_batch_than_the_workers_fails_verls_checks(config_dir):
+    plan = plan_launch(SPEC, [P40] * 4)
+    extra = smoke.smoke_overrides(simulated=False, gpus=4, scratch="/tmp/s")
+    extra = [o.replace("=4", "=2") if "batch_size=" in o else o for o in extra]
+    assert verl_failures(composed(config_dir, [*plan.overrides, *extra]), val_rows=1)
+
+
+def test_shell_word_expands_only_the_scratch_dir():
+    assert smoke.shell_word(f"hydra.run.dir={smoke.SCRATCH}/hydra") == 'hydra.run.dir="$S"/hydra'
+    assert smoke.shell_word("a=b c") == "'a=b c'"
+    out = subprocess.run(
+        ["sh", "-c", f'S="/tmp/x y"; printf "%s\\n" {smoke.shell_word("k=" + smoke.SCRATCH)}'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == "k=/tmp/x y\n"
+
+
+# --- the script ---------------------------------------------------------------------------
+
+
+def test_the_script_runs_exactly_the_overrides_of_smoke_overrides():
+    job = render_job(TARGETS)
+    cpu = " ".join(smoke.shell_word(o) for o in smoke.smoke_overrides(simulated=True, gpus=1))
+    gpu = " ".join(smoke.shell_word(o) for o in smoke.smoke_overrides(simulated=False, gpus=4))
+    assert f"set -- {cpu}\n" in job and f"set -- {gpu}\n" in job
+    assert f"--port={RAY_PORT}" in job and "--num-gpus=1" in job and '{"cpu": 1}' in job
+    # the lab-only rules and the one applier travel with it; PYTHONPATH names the copy only
+    assert vp.lab_cpu_ruleset_json("v0.5.0").rstrip("\n") in job
+    assert vp.APPLIER_PATH.read_text().rstrip("\n") in job
+    assert 'export PYTHONPATH="$S/verl"' in job and 'cp -a "$CO/verl" "$S/verl/verl"' in job
+    for name in ("HF_DATASETS_CACHE", "HF_HOME", "XDG_CACHE_HOME", "RAY_TMPDIR", "TMPDIR"):
+        assert f'{name}="$S' in job, name
+    assert subprocess.run(["sh", "-n", "-c", job]).returncode == 0
+
+
+def test_the_script_renders_without_pyinfra():
+    """A GPU harness runs the same script text by hand: rendering it needs no pyinfra."""
+    code = (
+        "import sys; sys.modules['pyinfra'] = None\n"
+        "from p40fleet.verification.smoke_script import SmokeTargets, render_job\n"
+        "print(len(render_job(SmokeTargets('verl', '/p', '/l', '/c', 'v0.5.0', 1, 600))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and int(out.stdout) > 10_000, out.stderr
+
+
+def test_all_of_it_runs_as_the_training_user():
+    full = render_smoke(TARGETS)
+    run_lines = [ln for ln in full.splitlines() if "sh -c" in ln]
+    assert len(run_lines) == 1 and "p40fleet_as verl sh -c" in run_lines[0]
+    assert subprocess.run(["sh", "-n", "-c", full]).returncode == 0
+    with pytest.raises(ValueError, match="never runs as root"):
+        render_smoke(TARGETS._replace(user=""))
+
+
+def test_script_against_a_fake_launch_script_cleans_its_scratch_dir(tmp_path):
+    """The GPU path of the job, run here against a stand-in script: the overrides arrive as
+    arguments, the scratch dir is gone afterwards, the exit status and the log are read."""
+    launch = tmp_path / "launch-ppo.sh"
+    launch.write_text(
+        "#!/bin/sh\n"
+        'echo "args: $*"\n'
+        'echo "hf: $HF_DATASETS_CACHE"\n'
+        'echo "(TaskRunner pid=7) step:1 - training/global_step:1 - timing_s/step:0.5"\n'
+        "exit 0\n"
+    )
+    launch.chmod(0o755)
+    job = render_job(TARGETS._replace(launch_script=str(launch), python="/bin/true"))
+    out = subprocess.run(["sh", "-c", job, "sh", "no"], capture_output=True, text=True)
+    run = smoke.parse_smoke(out.stdout.splitlines())
+    assert run.complete and run.values["rc"] == "0" and run.values["left"] == ""
+    args = next(line for line in run.log if line.startswith("args: "))
+    assert "trainer.total_training_steps=1" in args and "hydra.run.dir=/tmp/p40fleet-smoke." in args
+    scratch = args.split("hydra.run.dir=", 1)[1].split("/hydra")[0]
+    assert not Path(scratch).exists()
+    assert run.metrics[1]["training/global_step"] == 1.0
+    check = smoke.smoke_check(run, model="m", overrides=smoke.smoke_overrides(simulated=False,
+                                                                               gpus=4))  # fmt: skip
+    assert check.status == PASS and "GPU: 1 PPO step in 0.50 s" in check.detail
+
+
+# --- the output: PASS / FAIL / SKIP ---------------------------------------------------------
+
+CPU = smoke.smoke_overrides(simulated=True, gpus=1)
+
+
+def test_pass_from_a_real_lab_run():
+    run = smoke.parse_smoke(fixture("lab-cpu-pass.out"))
+    check = smoke.smoke_check(run, model="tiny-qwen2", overrides=CPU)
+    assert check.status == PASS, check
+    assert check.detail.startswith("CPU (simulated host): 1 PPO step in ")
+    assert "(timing_s/step)" in check.detail and "model tiny-qwen2, lengths 64+16" in check.detail
+    assert run.metrics[1]["training/global_step"] == 1.0
+
+
+def test_fail_from_a_real_lab_run_with_a_broken_launch_script():
+    run = smoke.parse_smoke(fixture("lab-cpu-broken-launch.out"))
+    check = smoke.smoke_check(run, model="tiny-qwen2", overrides=CPU)
+    assert check.status == FAIL, check
+    assert check.detail.startswith("CPU (simulated host): launch script exit 1, no training/")
+    error = "error: NotImplementedError: Rollout name: no_such_rollout is not supported"
+    assert error in check.detail
+    # the last lines end with the exception, not with the Ray workers' noise after it
+    assert check.detail.endswith(
+        "NotImplementedError: Rollout name: no_such_rollout is not supported"
+    )
+    assert "^^^" not in check.detail
+    assert "launch-ppo.sh" in check.remedy and "deploy/training.py" in check.remedy
+
+
+def test_exit_0_without_the_step_line_is_a_fail():
+    lines = [ln for ln in fixture("lab-cpu-pass.out") if "global_step" not in ln]
+    check = smoke.smoke_check(smoke.parse_smoke(lines), model="m", overrides=CPU)
+    assert check.status == FAIL and "no training/global_step:1" in check.detail
+
+
+def test_the_step_line_with_a_nonzero_exit_is_a_fail():
+    lines = [("rc=1" if ln == "rc=0" else ln) for ln in fixture("lab-cpu-pass.out")]
+    check = smoke.smoke_check(smoke.parse_smoke(lines), model="m", overrides=CPU)
+    assert check.status == FAIL and "launch script exit 1" in check.detail
+
+
+def test_a_timeout_says_so_and_how_to_raise_the_bound():
+    out = ["@@p40fleet-smoke 1", "sim=yes", "rc=124", "timed_out=yes", "@@log loading", "@@end"]
+    check = smoke.smoke_check(smoke.parse_smoke(out), model="m", overrides=CPU, timeout_s=60)
+    assert check.status == FAIL and "stopped after 60 s" in check.detail
+    assert "--smoke-timeout" in check.remedy
+
+
+def test_a_launch_script_refusal_is_its_own_fix():
+    out = [
+        "@@p40fleet-smoke 1", "sim=no", "rc=2", "timed_out=no",
+        "@@log launch-ppo: model directory /home/verl/models/x is missing: save the model there",
+        "@@end",
+    ]  # fmt: skip
+    check = smoke.smoke_check(smoke.parse_smoke(out), model="m", overrides=CPU)
+    assert check.status == FAIL and check.detail.startswith("GPU: launch script exit 2")
+    assert check.remedy.startswith("model directory /home/verl/models/x is missing")
+
+
+def test_the_scripts_error_lines_name_the_exception_beyond_the_log_tail():
+    """The script greps the log's exception lines (@@error): an exception followed by more
+    noise than the tail keeps is still named."""
+    out = ["@@p40fleet-smoke 1", "sim=yes", "rc=1", "timed_out=no",
+           "@@error ValueError: Total available GPUs 0 is less than total desired GPUs 1",
+           *[f"@@log (raylet) noise {i}" for i in range(30)], "@@end"]  # fmt: skip
+    check = smoke.smoke_check(smoke.parse_smoke(out), model="m", overrides=CPU)
+    assert check.status == FAIL
+    assert "error: ValueError: Total available GPUs 0 is less than" in check.detail
+    assert "noise 29" in check.detail and "noise 14" not in check.detail  # LOG_LINES: 15
+
+
+def test_no_output_is_a_fail():
+    check = smoke.smoke_check(smoke.parse_smoke([]), model="m", overrides=CPU)
+    assert check.status == FAIL and "no answer" in check.detail
+
+
+def test_gpu_peak_memory_is_reported_from_a_real_gpu_log():
+    """verl's own console line from the H200 run under a 24 GiB cap (docs/measurements)."""
+    log = Path(__file__).parents[1] / "docs" / "measurements" / "ppo-1xP40.log"
+    steps = smoke.parse_metrics(log.read_text().splitlines())
+    first = steps[1]
+    out = ["@@p40fleet-smoke 1", "sim=no", "rc=0", "run_s=150"]
+    out += [f"@@step {line}" for line in log.read_text().splitlines() if " step:1 " in line]
+    check = smoke.smoke_check(smoke.parse_smoke([*out, "@@end"]), model="q", overrides=CPU)
+    assert check.status == PASS
+    assert f"peak {first['perf/max_memory_allocated_gb']:.2f} GiB allocated per GPU" in check.detail
+    assert f"{first['timing_s/step']:.2f} s (timing_s/step)" in check.detail
+
+
+def test_skip_names_the_missing_model_or_data_and_other_failures():
+    ok = [Check("model files", PASS, "ok"), Check("data files", PASS, "ok")]
+    assert smoke.smoke_skip(ok) is None
+    no_model = [Check("model files", FAIL, "/home/verl/models/x is missing", "stage it"), ok[1]]
+    skipped = smoke.smoke_skip(no_model)
+    assert skipped.status == SKIP and "no staged model (/home/verl/models/x" in skipped.detail
+    other = [*ok, Check("torch version", FAIL, "2.1", "fix")]
+    assert "fails torch version" in smoke.smoke_skip(other).detail
+
+
+# --- the lab-only CPU rule set --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def patched_tree(tmp_path_factory) -> Path:
+    """~/verl as a host has it: the sdist with the pascal rules applied and recorded."""
+    tree = extract_verl(tmp_path_factory.mktemp("lab-cpu") / "verl")
+    vp.apply(tree, "v0.5.0", "pascal")
+    return tree
+
+
+def test_lab_cpu_rules_apply_to_a_package_copy_and_keep_the_pascal_rules(patched_tree, tmp_path):
+    scratch = tmp_path / "verl"
+    shutil.copytree(patched_tree / "verl", scratch / "verl")  # what the script copies
+    applier = vp.load_applier()
+    result = applier.apply(str(scratch), json.loads(vp.lab_cpu_ruleset_json("v0.5.0")))
+    assert [a for _, a in result["actions"]] == ["apply"] * len(
+        vp.LAB_CPU_RULE_SETS["v0.5.0"].rules
+    )
+    workers = (scratch / "verl/workers/fsdp_workers.py").read_text()
+    assert 'backend="gloo" if get_device_name() == "cpu"' in workers
+    assert workers.count('sync_module_states=device_name != "cpu"') == 3
+    assert 'attn_implementation="sdpa"' in workers  # pascal's rules are still there
+    # the host's tree is untouched and its record still says pascal
+    record = json.loads((patched_tree / vp.RECORD_NAME).read_text())
+    assert record["profile"] == "pascal"
+    assert 'gloo" if' not in (patched_tree / "verl/workers/fsdp_workers.py").read_text()
+    subprocess.run(["python3", "-m", "py_compile", str(scratch / "verl/utils/device.py")],
+                   check=True)  # fmt: skip
+
+
+def test_the_cpu_shim_answers_verls_cuda_only_calls(patched_tree, tmp_path):
+    scratch = tmp_path / "verl"
+    shutil.copytree(patched_tree / "verl", scratch / "verl")
+    vp.load_applier().apply(str(scratch), json.loads(vp.lab_cpu_ruleset_json("v0.5.0")))
+    text = (scratch / "verl/utils/device.py").read_text()
+    fake_cpu = types.SimpleNamespace(current_device=lambda: "cpu", is_available=lambda: True)
+    fake_torch = types.SimpleNamespace(
+        cpu=fake_cpu, manual_seed=lambda s: ("seed", s), get_rng_state=lambda: "rng"
+    )
+    module = types.ModuleType("device_under_test")
+    module.__dict__["torch"] = fake_torch
+    start = text.index("class _CpuDeviceShim")
+    exec(
+        compile(text[start : text.index("\n\n\ndef ", start)], "device.py", "exec"), module.__dict__
+    )
+    shim = module._CPU_DEVICE_SHIM
+    assert shim.memory_allocated() == 0 and shim.max_memory_reserved() == 0
+    assert shim.mem_get_info() == (0, 0) and shim.empty_cache() is None
+    assert shim.get_device_name() == "cpu" and shim.current_device() == "cpu"
+    assert shim.manual_seed(3) == ("seed", 3)
+    with pytest.raises(AttributeError, match="lab-cpu shim"):
+        shim.Stream  # noqa: B018
+    use = 'if device_name == "cpu":  # p40fleet lab-cpu\n        return _CPU_DEVICE_SHIM'
+    assert use in text
+
+
+def test_lab_cpu_rules_are_separate_from_every_host_rule_set():
+    cpu_ids = {r.id for r in vp.LAB_CPU_RULE_SETS["v0.5.0"].rules}
+    for ref, profiles in vp.RULE_SETS.items():
+        for rs in profiles.values():
+            assert not cpu_ids & {r.id for r in rs.rules}, (ref, rs.profile)
+    assert vp.lab_cpu_rule_set("v0.5.0-lab1").profile == vp.LAB_CPU_PROFILE
+    with pytest.raises(vp.VerlPatchError, match="no lab-cpu rule set"):
+        vp.lab_cpu_rule_set(vp.SEED_COMMIT)
+
+
+# --- the switch: host data and the CLI ----------------------------------------------------
+
+
+def test_host_data_switch_and_bound():
+    assert smoke.requested("yes") and smoke.requested(True) and smoke.requested("1")
+    assert not smoke.requested(None) and not smoke.requested("no") and not smoke.requested("")
+    assert smoke.timeout_from_data(None) == smoke.DEFAULT_TIMEOUT_S == 600
+    assert smoke.timeout_from_data("900") == 900 and smoke.timeout_from_data(45) == 45
+    for bad in ("10", "ten", "-5", "1.5"):
+        with pytest.raises(ValueError, match="verify_smoke_timeout="):
+            smoke.timeout_from_data(bad)
+
+
+def test_smoke_switch_becomes_host_data():
+    command = verify_cli.pyinfra_command("@local", smoke=True, smoke_timeout=900)
+    assert command[-4:] == ["--data", "verify_smoke=yes", "--data", "verify_smoke_timeout=900"]
+    assert "verify_smoke=yes" not in verify_cli.pyinfra_command("@local")
+
+
+def test_smoke_timeout_needs_smoke_and_sane_seconds(capsys):
+    assert verify_cli.main(["@local", "--smoke-timeout", "100"]) == 2
+    assert "--smoke-timeout needs --smoke" in capsys.readouterr().err
+    assert verify_cli.main(["@local", "--smoke", "--smoke-timeout", "5"]) == 2
+    assert "expected seconds >= 30" in capsys.readouterr().err
