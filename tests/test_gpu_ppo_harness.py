@@ -390,3 +390,51 @@ def test_hook_is_inert_without_a_cap(tmp_path):
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+# --- --smoke: verify's own job on the device ------------------------------------------------
+
+
+def _device_smoke_output() -> str:
+    """The job's stdout as the H200 run returned it (docs/measurements/smoke-1xP40.log)."""
+    log = (REPO / "docs" / "measurements" / "smoke-1xP40.log").read_text()
+    return log[log.index("@@p40fleet-smoke") :]
+
+
+@pytest.mark.parametrize(("output", "status"), [("real", "PASS"), ("no-step", "FAIL")])
+def test_smoke_mode_runs_verifys_job_and_judges_it_as_verify_does(
+    tmp_path, monkeypatch, output, status
+):
+    """--smoke runs exactly the job verify renders (render_job, smoke_overrides) and judges its
+    output with smoke_check: the device run and verify share one code path."""
+    from p40fleet.verification.smoke_script import SmokeTargets, render_job
+
+    text = _device_smoke_output()
+    if output == "no-step":  # the same run without verl's step line: never a PASS
+        text = "\n".join(ln for ln in text.splitlines() if not ln.startswith("@@step "))
+    ran = []
+
+    def fake_run(argv, **kwargs):
+        ran.append((argv, Path(argv[1]).read_text()))
+        return subprocess.CompletedProcess(argv, 0, stdout=text.encode())
+
+    monkeypatch.setattr(run_ppo.subprocess, "run", fake_run)
+    monkeypatch.setattr(run_ppo, "gpu_facts", list)
+    mode = run_ppo.PLANS["1xP40"]
+    plan = type("Plan", (), {"model_path": "/home/verl/models/Qwen2.5-0.5B-Instruct"})()
+    spec = type("Spec", (), {"verl": type("V", (), {"ref": "v0.5.0"})()})()
+    args = type("Args", (), {"stage": tmp_path, "timeout_s": 480, "out": tmp_path})()
+    summary = run_ppo.run_smoke(
+        "1xP40", mode, plan, spec, _describe(), Path("/home/verl/launch-ppo.sh"), {},
+        tmp_path / "log", _meas(tmp_path), args, 1.0,
+    )  # fmt: skip
+    ((argv, job),) = ran
+    assert argv[0] == "sh" and argv[2] == "no"
+    targets = SmokeTargets(
+        "verl", sys.executable, "/home/verl/launch-ppo.sh", "/unused", "v0.5.0", mode.gpus, 480
+    )
+    assert job == render_job(targets)
+    assert summary["smoke_check"]["status"] == status
+    assert summary["ok"] is (status == "PASS")
+    written = json.loads((tmp_path / "smoke-1xP40.json").read_text())
+    assert written["smoke_check"] == summary["smoke_check"]

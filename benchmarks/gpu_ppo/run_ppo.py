@@ -588,6 +588,10 @@ def run_one(name: str, args, repo: Path, stage: Path, carry: Path) -> dict[str, 
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(mode.gpus))
     extra = [f"trainer.total_training_steps={args.steps}", *mode.forced, *args.override]
     setup_s = time.monotonic() - t0
+    if args.smoke:
+        return run_smoke(
+            name, mode, plan, spec, describe, script, env, log_path, meas, args, setup_s
+        )
     rc, timed_out = run_launch(script, extra, env, log_path, args.timeout_s)
     if timed_out:  # a killed trainer can leave Ray's daemons behind for the next plan
         subprocess.run(
@@ -610,6 +614,48 @@ def run_one(name: str, args, repo: Path, stage: Path, carry: Path) -> dict[str, 
     return summary
 
 
+def run_smoke(name, mode, plan, spec, describe, script, env, log_path, meas, args, setup_s):
+    """verify --smoke's own code path on this GPU: the job ``facts.smoke.SmokeStep`` runs on a
+    host (``files/verify-smoke.sh.j2`` rendered by ``smoke_script.render_job``, with the
+    overrides of ``smoke.smoke_overrides``), its output read by ``smoke.parse_smoke`` and judged
+    by ``smoke.smoke_check``. Here it runs as root (a host runs it as the training user)."""
+    from p40fleet.verification import smoke
+    from p40fleet.verification.smoke_script import SmokeTargets, render_job
+
+    targets = SmokeTargets(
+        "verl", sys.executable, str(script), "/unused", spec.verl.ref, mode.gpus, args.timeout_s
+    )
+    job = Path(args.stage) / f"smoke-{name}.sh"
+    job.write_text(render_job(targets))
+    t0 = time.monotonic()
+    with log_path.open("ab") as log:
+        proc = subprocess.run(["sh", str(job), "no"], stdout=subprocess.PIPE, stderr=log, env=env)
+    output = proc.stdout.decode(errors="replace")
+    with log_path.open("a") as log:
+        log.write(output)
+    run = smoke.parse_smoke(output.splitlines())
+    overrides = smoke.smoke_overrides(simulated=False, gpus=mode.gpus)
+    check = smoke.smoke_check(
+        run, model=Path(plan.model_path).name, overrides=overrides, timeout_s=args.timeout_s
+    )
+    summary = summarize(
+        describe, output, meas, 1, run.int_value("rc"), run.values.get("timed_out") == "yes"
+    )
+    summary.update(
+        smoke_check=check.to_dict(),
+        smoke_overrides=overrides,
+        smoke_job_sha256=hashlib.sha256(job.read_bytes()).hexdigest(),
+        setup_s=round(setup_s, 1),
+        run_s=round(time.monotonic() - t0, 1),
+        gpus=gpu_facts(),
+        python=sys.version.split()[0],
+    )
+    summary["ok"] = summary["ok"] and check.status == "PASS"
+    out = Path(args.out)
+    (out / f"smoke-{name}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--plan", action="append", choices=sorted(PLANS), required=True)
@@ -623,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-kwargs", default="{}", help="JSON: extra plan_launch kwargs")
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override")
     parser.add_argument("--render-only", action="store_true", help="print the script and exit")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="verify --smoke's job (one step) instead of the plan's run",
+    )
     args = parser.parse_args(argv)
     repo = repo_root()
     if args.render_only:
