@@ -54,6 +54,7 @@ from p40fleet.spec.fields import (
     Port,
     Problem,
     Sha256,
+    TarArchiveName,
     _cuda_dir_problem,
     _host_address,
     _ip,
@@ -565,12 +566,15 @@ class RayCluster(BaseModel):
 class TrainingArchive(BaseModel):
     """A tar archive of a model or data directory: fetched, sha256-checked, then unpacked.
 
+    Named for a format focal's tar 1.30 reads (plain, gz, bz2, xz; ``fields.TAR_SUFFIXES``).
+
     From ``mirror.artifacts_url/<filename>`` when the mirror is set, else from ``url``.
     """
 
     model_config = _FROZEN
 
-    filename: FileName
+    # unpacked with the host's tar (focal: 1.30): gz, bz2, xz or plain, never zstd
+    filename: TarArchiveName
     url: HttpUrl | None = None
     sha256: Sha256
     size: int | None = Field(default=None, gt=0)
