@@ -51,6 +51,7 @@ if spec is not None:
             trusted=apt.trusted,
             air_gapped=spec.mirror.air_gapped,
             extra_suites=list(apt.extra_suites),
+            lock_wait_s=spec.policy.dpkg_lock_wait_s,
         )
 
     # 3. Nouveau: blacklist, initramfs, reboot (only with policy.allow_reboot).
@@ -59,7 +60,10 @@ if spec is not None:
     nouveau.unloaded(name="Make sure nouveau is not loaded", allow_reboot=reboot)
 
     # 4. NVIDIA driver.
-    driver.build_prereqs(name="Kernel headers and build tools for the driver")
+    driver.build_prereqs(
+        name="Kernel headers and build tools for the driver",
+        lock_wait_s=spec.policy.dpkg_lock_wait_s,
+    )
     driver.install(
         name=f"NVIDIA driver {spec.driver.version}",
         runfile=driver_run,

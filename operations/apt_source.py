@@ -18,6 +18,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.apt_source import APT_DIR, MIRROR_KEY_DIR, MIRROR_LIST, AptSources
 from facts.survey import ask
+from operations import apt_lock
 from p40fleet import controller
 
 __all__ = ["ASIDE_DIR", "key_dest", "mirror", "source_line"]
@@ -54,6 +55,7 @@ def mirror(
     trusted: bool = False,
     air_gapped: bool = False,
     extra_suites: tuple[str, ...] | list[str] = (),
+    lock_wait_s: int = apt_lock.DEFAULT_TIMEOUT_S,
 ):
     """
     Point apt at the mirror; on an air-gapped host, at the mirror only.
@@ -65,6 +67,8 @@ def mirror(
     + trusted: apt's ``[trusted=yes]`` (no signature check); only when the spec says so
     + air_gapped: move the other source files to ASIDE_DIR
     + extra_suites: more suites of the same repository (one line each), e.g. ``focal-updates``
+    + lock_wait_s: how long ``apt-get update`` waits for the dpkg lock
+      (``stack.policy.dpkg_lock_wait_s``)
     """
     dest = key_dest(key_file) if key_file else None
     state = ask(host, AptSources, key_path=dest)
@@ -102,13 +106,11 @@ def mirror(
         host.noop(f"apt uses the mirror {url} {suite}".rstrip())
         return
     where = f"{url.rstrip('/')}/{suite}" if suite.endswith("/") else f"{url}/dists/{suite}"
-    yield StringCommand(
-        "apt-get update -q || { echo",
-        QuoteString(
-            f"apt-get update failed with the mirror source {MIRROR_LIST} ({', '.join(changed)} "
-            f"changed): check that {where}/Release answers from this host and is signed by the "
-            "key in stack.mirror.apt.signed_by (a host with no route out needs "
-            "stack.mirror.air_gapped: True), then re-run"
-        ),
-        ">&2; exit 1; }",
+    failed = (
+        f"apt-get update failed with the mirror source {MIRROR_LIST} ({', '.join(changed)} "
+        f"changed): check that {where}/Release answers from this host and is signed by the "
+        "key in stack.mirror.apt.signed_by (a host with no route out needs "
+        "stack.mirror.air_gapped: True), then re-run"
     )
+    update = StringCommand("apt-get update -q", apt_lock.lock_option(apt_lock.REST))
+    yield apt_lock.guarded(update, host.name, "apt source", lock_wait_s, failed=failed)

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, server
+from pyinfra.operations import server
 
 from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import KernelHeaders
 from facts.survey import ask
-from operations import run_lock
+from operations import apt_lock, run_lock
 from operations.refuse import refuse
 from p40fleet.profile import driver_branch, driver_supports
 
@@ -66,11 +66,13 @@ def supported_gpus(version: str, require_gpu: bool = True):
 
 
 @operation()
-def build_prereqs():
+def build_prereqs(lock_wait_s: int = apt_lock.DEFAULT_TIMEOUT_S):
     """
     Install what a DKMS build needs: ``linux-headers-$(uname -r)`` and build tools.
 
-    apt runs (with ``update``) only when something is missing.
+    apt runs (with ``update``) only when something is missing, waiting for the dpkg lock.
+
+    + lock_wait_s: how long apt waits for the dpkg lock (``stack.policy.dpkg_lock_wait_s``)
     """
     kernel = ask(host, KernelHeaders)
     missing = []
@@ -81,7 +83,7 @@ def build_prereqs():
     if not missing:
         host.noop(f"headers for {kernel.release} and {', '.join(BUILD_TOOLS)} are installed")
         return
-    yield from apt.packages._inner(packages=missing, update=True)
+    yield from apt_lock.packages(missing, host.name, "driver build prerequisites", lock_wait_s)
 
 
 @operation()

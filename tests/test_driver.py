@@ -25,6 +25,7 @@ from facts.host import KernelHeaders, KernelInfo
 from operations import driver
 from p40fleet.gpu_catalog import lookup
 from tests.opharness import at, run_op
+from tests.test_apt_lock import apt_commands
 from tests.test_gpu_facts import fixture_lines, run_sh
 
 PIN = "525.147.05"
@@ -96,9 +97,10 @@ def test_missing_headers_and_tools_installed_with_apt_update():
             AptSources: [],
         },
     )
-    assert r.commands[0] == "apt-get update"
-    assert r.commands[1].endswith(f"install linux-headers-{KR} build-essential")
-    assert "DEBIAN_FRONTEND=noninteractive" in r.commands[1]
+    update, install = apt_commands(r)  # both wait for the dpkg lock (tests/test_apt_lock.py)
+    assert update.startswith("apt-get -q ") and update.endswith(" update")
+    assert install.endswith(f"linux-headers-{KR} build-essential")
+    assert "DEBIAN_FRONTEND=noninteractive" in install
 
 
 def test_only_headers_missing():
@@ -106,8 +108,9 @@ def test_only_headers_missing():
         driver.build_prereqs,
         facts={KernelHeaders: KernelInfo(KR, None, False), Which: "/x", DebPackages: {}},
     )
-    assert r.commands[0] == "apt-get update"
-    assert r.commands[1].endswith(f"install linux-headers-{KR}")
+    update, install = apt_commands(r)
+    assert update.endswith(" update")
+    assert install.endswith(f'install -o DPkg::Lock::Timeout="$p40_rest" linux-headers-{KR}')
 
 
 # --- install ---------------------------------------------------------------------------------

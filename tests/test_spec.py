@@ -813,3 +813,11 @@ def test_a_training_archive_of_another_format_is_refused(filename):
 def test_gz_bz2_xz_and_plain_training_archives_are_accepted(filename):
     spec = load_spec("lab1", _archive("model", filename))
     assert spec.training.model.archive.filename == filename
+
+
+def test_dpkg_lock_wait_defaults_to_ten_minutes_and_is_bounded():
+    assert load_spec("lab1", {}).policy.dpkg_lock_wait_s == 600
+    assert load_spec("lab1", {"policy": {"dpkg_lock_wait_s": 60}}).policy.dpkg_lock_wait_s == 60
+    for bad in (0, -5, 7200, "soon"):
+        err = refused({"policy": {"dpkg_lock_wait_s": bad}})
+        assert err.field == "stack.policy.dpkg_lock_wait_s", str(err)

@@ -529,6 +529,9 @@ class Policy(BaseModel):
     allow_maxwell: bool = False
     # SSH with a host key not checked against known_hosts ("accept-new", "no"): an explicit opt-in.
     allow_unverified_host_keys: bool = False
+    # How long every apt step waits for the dpkg lock (unattended-upgrades holds it after boot)
+    # before it fails naming the holder; seconds.
+    dpkg_lock_wait_s: int = Field(default=600, ge=1, le=3600)
 
 
 class RayCluster(BaseModel):
