@@ -3,13 +3,13 @@
 Right after boot a focal server's ``unattended-upgrades`` (``apt-daily``/``apt-daily-upgrade``)
 holds ``/var/lib/dpkg/lock-frontend`` for minutes, and ``apt-get`` exits 100 at once ("Could not
 get lock"). Every apt command of the project runs through :func:`guarded`: a POSIX-sh loop waits
-while a process has one of :data:`LOCK_FILES` open (found by scanning ``/proc/*/fd``: focal has
-no ``fuser``/``lsof`` guarantee, and apt's locks are ``fcntl`` locks a ``flock`` probe cannot
-see), printing who holds it every :data:`PROGRESS_EVERY_S` seconds, then apt runs with
-``-o DPkg::Lock::Timeout=`` (apt >= 1.9.11; focal: 2.0) for what is left of the bound (the lock
-can be taken again between the loop and apt). Past the bound the step fails naming the host,
-the step, the holder and the fix. The output streams at pyinfra's default verbosity
-(:func:`operations.progress.streamed`).
+while a process has one of :data:`LOCK_FILES` open and holds a lock (``/proc/*/fd`` and
+``/proc/locks``: focal has no ``fuser``/``lsof`` guarantee, and apt's locks are ``fcntl`` locks
+a ``flock`` probe cannot see), printing who holds it every :data:`PROGRESS_EVERY_S` seconds;
+then apt runs with ``-o DPkg::Lock::Timeout=`` (apt >= 1.9.11; focal: 2.0) for what is left of
+the bound (the lock can be taken again between the loop and apt). Past the bound the step
+fails naming the host, the step, the holder and the fix. The output streams at pyinfra's
+default verbosity (:func:`operations.progress.streamed`).
 """
 
 from __future__ import annotations
@@ -53,12 +53,15 @@ def lock_option(timeout_s: int | str = DEFAULT_TIMEOUT_S) -> str:
 
 
 def _holders_function() -> str:
-    """``p40_holders``: ``PID N (command line)`` of each process with a lock file open."""
+    """``p40_holders``: ``PID N (command line)`` of each process with a lock file open that
+    holds a lock (an apt waiting for it has it open too, and holds none)."""
     names = " -o ".join(f"-lname {path}" for path in LOCK_FILES)
     return (
         "p40_holders() { s=; "
         f"for p in $(find /proc/[0-9]*/fd -maxdepth 1 \\( {names} \\) 2>/dev/null "
         "| cut -d/ -f3 | sort -un); do "
+        # holding, not waiting: the process owns a lock (/proc/locks: N: POSIX ADVISORY WRITE PID)
+        "awk -v p=\"$p\" '$5 == p {f = 1} END {exit !f}' /proc/locks 2>/dev/null || continue; "
         "c=$(tr '\\0\\n' '  ' < /proc/$p/cmdline 2>/dev/null | cut -c1-160); "
         'printf "%sPID %s (%s)" "$s" "$p" "${c% }"; s=", "; '
         "done; }"

@@ -111,6 +111,23 @@ def test_a_held_lock_is_waited_for_with_a_progress_line_naming_the_holder(tmp_pa
     assert f"held by PID {holder.pid} ({sys.executable} -c  import fcntl" in first
 
 
+def test_a_process_with_the_file_open_but_no_lock_is_not_a_holder(tmp_path):
+    """An apt waiting for the lock has it open and holds nothing: it is not waited for."""
+    lock = tmp_path / "lock-frontend"
+    lock.touch()
+    opener = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); time.sleep(30)", str(lock)]
+    )
+    try:
+        time.sleep(0.5)
+        fn = apt_lock.guarded("echo ran", "lab1", "apt source", 30)
+        proc, took = run_script(script_of(fn, tmp_path))
+        assert proc.stdout.splitlines() == ["ran"] and took < 5, proc
+    finally:
+        opener.kill()
+        opener.wait()
+
+
 def test_progress_repeats_every_15_s_while_held(tmp_path, hold):
     hold(17)
     fn = apt_lock.guarded("echo ran", "lab1", "apt source", 60)
