@@ -1,13 +1,17 @@
 """A lab host whose boot holds the dpkg lock, as a fresh Ubuntu 20.04 server's does.
 
-On focal, ``apt-daily-upgrade.service`` runs ``unattended-upgrade`` soon after boot and it holds
-``/var/lib/dpkg/lock-frontend`` and ``/var/lib/dpkg/lock`` (apt's ``fcntl`` write locks) for
-minutes; every ``apt-get`` meanwhile exits 100 ("Could not get lock ... It is held by process
-N (unattended-upgr)"). :func:`hold_at_boot` installs a double of it into a host's disk:
-``/usr/bin/unattended-upgrade`` (python3, as the real one; it takes the same two locks with
-``fcntl.lockf`` the way apt does, logs to ``/var/log/unattended-upgrades/``, holds them
-``seconds`` and exits) and a boot hook (``/etc/p40lab-sim/boot.d/40-unattended-upgrades``) that
-starts it in the background at every boot, before sshd answers. :func:`release` removes both.
+On focal, soon after boot ``apt-daily.service`` refreshes the package lists (holding
+``/var/lib/apt/lists/lock``) and ``apt-daily-upgrade.service`` runs ``unattended-upgrade``,
+which holds ``/var/lib/dpkg/lock-frontend`` and ``/var/lib/dpkg/lock`` (apt's ``fcntl`` write
+locks) for minutes; meanwhile ``apt-get update`` and ``apt-get install`` exit 100 ("Could not
+get lock ... It is held by process N (unattended-upgr)"). :func:`hold_at_boot` installs a
+double of that pair into a host's disk: ``/usr/bin/unattended-upgrade`` (python3, as the real
+one; it takes the same three locks with ``fcntl.lockf`` the way apt does, logs to
+``/var/log/unattended-upgrades/``, holds them ``seconds`` and exits). The real two hold theirs
+one after the other; the double holds them at once, so both apt commands a deploy sends meet
+the lock whenever it comes within ``seconds`` of boot. A boot hook
+(``/etc/p40lab-sim/boot.d/40-unattended-upgrades``) starts it in the background at every boot,
+before sshd answers. :func:`release` removes both.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ __all__ = ["BOOT_HOOK", "DOUBLE", "LOCKS", "hold_at_boot", "release"]
 DOUBLE = "usr/bin/unattended-upgrade"
 BOOT_HOOK = "etc/p40lab-sim/boot.d/40-unattended-upgrades"
 HOLD_FILE = "etc/p40lab-sim/unattended-upgrade-seconds"
-LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
+LOCKS = ("/var/lib/apt/lists/lock", "/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock")
 
 DOUBLE_SOURCE = '''#!/usr/bin/python3
 """p40lab double of unattended-upgrade: holds the dpkg locks like the real one, then exits."""
@@ -46,7 +50,7 @@ def main():
     except OSError:
         seconds = 0.0
     fds = []
-    for path in LOCKS:  # apt's order: the frontend lock, then dpkg's own
+    for path in LOCKS:  # the lists (apt-daily), then apt's order: the frontend, dpkg's own
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
         fcntl.lockf(fd, fcntl.LOCK_EX)  # a POSIX (fcntl) write lock, as apt takes it
         fds.append(fd)

@@ -30,10 +30,13 @@ def test_a_boot_holding_the_dpkg_lock_converges_without_a_retry(lab, tmp_path):
         lab.reboot("lab1")
         booted = time.monotonic()
         assert "unattended-upgrade" in lock_holder(lab, "lab1")  # the fault is in place
-        # apt as it was: exit 100 at once while the lock is held
+        # apt as it was: both commands a deploy sends exit 100 at once while the locks are held
         bare = lab.ssh("lab1", "apt-get -y install p40lab-no-such-package")
         assert bare.returncode == 100, bare.stderr
         assert "Could not get lock /var/lib/dpkg/lock-frontend" in bare.stderr, bare.stderr
+        bare = lab.ssh("lab1", "apt-get -q update")
+        assert bare.returncode == 100, bare.stderr
+        assert "Could not get lock /var/lib/apt/lists/lock" in bare.stderr, bare.stderr
         result = runs.run(
             "deploy/system.py", "--limit", "lab1", env={"P40FLEET_CACHE": str(tmp_path)}
         )
