@@ -62,7 +62,7 @@ def _holders_function() -> str:
         "| cut -d/ -f3 | sort -un); do "
         # holding, not waiting: the process owns a lock (/proc/locks: N: POSIX ADVISORY WRITE PID)
         "awk -v p=\"$p\" '$5 == p {f = 1} END {exit !f}' /proc/locks 2>/dev/null || continue; "
-        "c=$(tr '\\0\\n' '  ' < /proc/$p/cmdline 2>/dev/null | cut -c1-160); "
+        "c=$(tr '\\0\\n' '  ' 2>/dev/null < /proc/$p/cmdline | cut -c1-160); "
         'printf "%sPID %s (%s)" "$s" "$p" "${c% }"; s=", "; '
         "done; }"
     )
