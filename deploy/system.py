@@ -52,6 +52,7 @@ if spec is not None:
             air_gapped=spec.mirror.air_gapped,
             extra_suites=list(apt.extra_suites),
             proxy=spec.proxy,
+            lock_wait_s=spec.policy.dpkg_lock_wait_s,
         )
 
     # 3. Nouveau: blacklist, initramfs, reboot (only with policy.allow_reboot).
@@ -60,7 +61,11 @@ if spec is not None:
     nouveau.unloaded(name="Make sure nouveau is not loaded", allow_reboot=reboot)
 
     # 4. NVIDIA driver.
-    driver.build_prereqs(name="Kernel headers and build tools for the driver", proxy=spec.proxy)
+    driver.build_prereqs(
+        name="Kernel headers and build tools for the driver",
+        lock_wait_s=spec.policy.dpkg_lock_wait_s,
+        proxy=spec.proxy,
+    )
     driver.install(
         name=f"NVIDIA driver {spec.driver.version}",
         runfile=driver_run,

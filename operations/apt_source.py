@@ -18,6 +18,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.apt_source import APT_DIR, MIRROR_KEY_DIR, MIRROR_LIST, AptSources
 from facts.survey import ask
+from operations import apt_lock
 from p40fleet import controller
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy
@@ -57,6 +58,7 @@ def mirror(
     air_gapped: bool = False,
     extra_suites: tuple[str, ...] | list[str] = (),
     proxy: Proxy | None = None,
+    lock_wait_s: int = apt_lock.DEFAULT_TIMEOUT_S,
 ):
     """
     Point apt at the mirror; on an air-gapped host, at the mirror only.
@@ -69,6 +71,8 @@ def mirror(
     + air_gapped: move the other source files to ASIDE_DIR
     + extra_suites: more suites of the same repository (one line each), e.g. ``focal-updates``
     + proxy: ``stack.proxy`` for ``apt-get update`` (None: no proxy)
+    + lock_wait_s: how long ``apt-get update`` waits for the dpkg lock
+      (``stack.policy.dpkg_lock_wait_s``)
     """
     dest = key_dest(key_file) if key_file else None
     state = ask(host, AptSources, key_path=dest)
@@ -106,13 +110,11 @@ def mirror(
         host.noop(f"apt uses the mirror {url} {suite}".rstrip())
         return
     where = f"{url.rstrip('/')}/{suite}" if suite.endswith("/") else f"{url}/dists/{suite}"
-    yield proxied(StringCommand(
-        "apt-get update -q || { echo",
-        QuoteString(
-            f"apt-get update failed with the mirror source {MIRROR_LIST} ({', '.join(changed)} "
-            f"changed): check that {where}/Release answers from this host and is signed by the "
-            "key in stack.mirror.apt.signed_by (a host with no route out needs "
-            "stack.mirror.air_gapped: True), then re-run"
-        ),
-        ">&2; exit 1; }",
-    ), proxy)  # fmt: skip
+    failed = (
+        f"apt-get update failed with the mirror source {MIRROR_LIST} ({', '.join(changed)} "
+        f"changed): check that {where}/Release answers from this host and is signed by the "
+        "key in stack.mirror.apt.signed_by (a host with no route out needs "
+        "stack.mirror.air_gapped: True), then re-run"
+    )
+    update = proxied(StringCommand("apt-get update -q", apt_lock.lock_option(apt_lock.REST)), proxy)
+    yield apt_lock.guarded(update, host.name, "apt source", lock_wait_s, failed=failed)

@@ -9,17 +9,16 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
-from pyinfra.operations import apt, server
+from pyinfra.operations import server
 
 from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import KernelHeaders
 from facts.packages import DebInstalled
 from facts.survey import ask
-from operations import run_lock
+from operations import apt_lock, run_lock
 from operations.refuse import refuse
 from p40fleet.profile import driver_branch, driver_supports
-from p40fleet.proxy import proxied_all
 from p40fleet.spec import Proxy
 
 __all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
@@ -71,14 +70,17 @@ def supported_gpus(version: str, require_gpu: bool = True):
     host.noop(f"driver R{branch} supports all {len(gpus)} GPU(s)")
 
 
-def apt_install(packages: list[str]):
+def apt_install(packages: list[str], lock_wait_s: int, proxy: Proxy | None):
     """The one place this module builds apt commands: ``apt-get update`` then an install of
-    ``packages`` (pyinfra's ``apt.packages``, non-interactive)."""
-    yield from apt.packages._inner(packages=packages, update=True)
+    ``packages`` (pyinfra's ``apt.packages``, non-interactive), each waiting for the dpkg lock
+    and going through ``stack.proxy``."""
+    yield from apt_lock.packages(
+        packages, host.name, "driver build prerequisites", lock_wait_s, proxy=proxy
+    )
 
 
 @operation()
-def build_prereqs(proxy: Proxy | None = None):
+def build_prereqs(lock_wait_s: int = apt_lock.DEFAULT_TIMEOUT_S, proxy: Proxy | None = None):
     """
     Install what a DKMS build of the driver needs: ``linux-headers-$(uname -r)`` and
     :data:`BUILD_PACKAGES` (dkms, build-essential, pkg-config, libglvnd-dev), each one that
@@ -86,7 +88,9 @@ def build_prereqs(proxy: Proxy | None = None):
 
     + proxy: ``stack.proxy`` for apt (None: no proxy)
 
-    apt runs (with ``update``) only when something is missing.
+    apt runs (with ``update``) only when something is missing, waiting for the dpkg lock.
+
+    + lock_wait_s: how long apt waits for the dpkg lock (``stack.policy.dpkg_lock_wait_s``)
     """
     kernel = ask(host, KernelHeaders)
     installed = ask(host, DebInstalled, packages=BUILD_PACKAGES)
@@ -97,7 +101,7 @@ def build_prereqs(proxy: Proxy | None = None):
     if not missing:
         host.noop(f"headers for {kernel.release} and {', '.join(BUILD_PACKAGES)} are installed")
         return
-    yield from proxied_all(apt_install(missing), proxy)
+    yield from apt_install(missing, lock_wait_s, proxy)
 
 
 @operation()

@@ -15,6 +15,7 @@ from facts.apt_source import MIRROR_LIST, AptSources, AptSourceState
 from facts.conda import MarkerText
 from operations import apt_source, conda
 from tests.opharness import at, run_op
+from tests.test_apt_lock import apt_commands
 
 URL = "http://10.231.0.1:8111/apt"
 LINE = f"deb [trusted=yes] {URL} ./"
@@ -44,8 +45,10 @@ def test_absent_source_is_written_then_apt_updated():
     result = _mirror(AptSourceState())
     assert result.commands[:2] == [f"upload {MIRROR_LIST}", f"chmod 644 {MIRROR_LIST}"]
     assert result.uploads[MIRROR_LIST].splitlines()[1] == LINE
-    assert result.commands[-1].startswith("apt-get update -q || { echo ")
-    assert "exit 1; }" in result.commands[-1]
+    assert result.commands[-1] == "function _stream"  # waits for the dpkg lock
+    assert apt_commands(result) == ['apt-get update -q -o DPkg::Lock::Timeout="$p40_rest"']
+    script = result.functions[-1].args[0].get_raw_value()
+    assert "apt-get update failed with the mirror source" in script
 
 
 def test_second_run_changes_nothing():
@@ -68,7 +71,7 @@ def test_edited_or_removed_source_restored():
     for state in (AptSourceState(mirror_list="deb http://elsewhere/ ./\n"), AptSourceState()):
         result = _mirror(state)
         assert f"upload {MIRROR_LIST}" in result.commands
-        assert result.commands[-1].startswith("apt-get update")
+        assert apt_commands(result)[-1].startswith("apt-get update")
 
 
 def test_air_gapped_moves_distribution_sources_aside():
@@ -80,7 +83,7 @@ def test_air_gapped_moves_distribution_sources_aside():
         "mv --backup=numbered /etc/apt/sources.list.d/debian.sources /etc/apt/p40fleet-aside",
         result.commands[-1],
     ]
-    assert result.commands[-1].startswith("apt-get update")
+    assert apt_commands(result)[-1].startswith("apt-get update")
     assert any("air-gapped" in line for line in result.logs)
 
 
@@ -105,7 +108,7 @@ def test_signed_by_key_shipped_once(tmp_path):
     assert not again.changed
     # a new key on the controller (the mirror re-keyed): shipped again, apt updated
     changed = _mirror(AptSourceState(mirror_list=text, key_sha256="0" * 64), **args)
-    assert f"upload {dest}" in changed.commands and changed.commands[-1].startswith("apt-get")
+    assert f"upload {dest}" in changed.commands and apt_commands(changed)[-1].startswith("apt-get")
 
 
 def test_fact_reads_list_key_and_other_sources(tmp_path):

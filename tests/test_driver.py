@@ -26,6 +26,7 @@ from facts.packages import DebInstalled
 from operations import driver
 from p40fleet.gpu_catalog import lookup
 from tests.opharness import at, run_op
+from tests.test_apt_lock import apt_commands
 from tests.test_gpu_facts import fixture_lines, run_sh
 
 PIN = "525.147.05"
@@ -106,23 +107,24 @@ def test_prereqs_present_is_a_noop_without_apt_update():
 
 def test_nothing_present_installs_headers_and_every_build_package_with_apt_update():
     r = prereqs(NO_HEADERS, frozenset())
-    assert r.commands[0] == "apt-get update"
-    assert r.commands[1].endswith(
-        f"install linux-headers-{KR} dkms build-essential pkg-config libglvnd-dev"
-    )
-    assert "DEBIAN_FRONTEND=noninteractive" in r.commands[1]
+    update, install = apt_commands(r)  # both wait for the dpkg lock (tests/test_apt_lock.py)
+    assert update.startswith("apt-get -q ") and update.endswith(" update")
+    assert install.endswith(f"linux-headers-{KR} dkms build-essential pkg-config libglvnd-dev")
+    assert "DEBIAN_FRONTEND=noninteractive" in install
 
 
 def test_only_dkms_missing_installs_it_although_headers_and_compilers_are_there():
     r = prereqs(HEADERS, ALL_BUILD - {"dkms"})
-    assert r.commands[0] == "apt-get update"
-    assert r.commands[1].endswith(" install dkms")
+    update, install = apt_commands(r)
+    assert update.endswith(" update")
+    assert install.endswith(' install -o DPkg::Lock::Timeout="$p40_rest" dkms')
 
 
 def test_only_headers_missing():
     r = prereqs(NO_HEADERS, ALL_BUILD)
-    assert r.commands[0] == "apt-get update"
-    assert r.commands[1].endswith(f"install linux-headers-{KR}")
+    update, install = apt_commands(r)
+    assert update.endswith(" update")
+    assert install.endswith(f'install -o DPkg::Lock::Timeout="$p40_rest" linux-headers-{KR}')
 
 
 def test_deb_installed_counts_only_fully_installed_packages():

@@ -789,3 +789,45 @@ def test_every_public_name_is_re_exported():
         assert getattr(package, name) is not None
     assert package.StackSpec is package.pins.StackSpec
     assert package.SpecError.__module__ == "p40fleet.spec.errors"
+
+
+# -- training archives: what focal's tar 1.30 unpacks ------------------------------------------
+
+
+def _archive(which: str, filename: str) -> dict:
+    url = f"https://example.invalid/{filename}"
+    return {"training": {which: {"archive": {"filename": filename, "sha256": SHA_A, "url": url}}}}
+
+
+@pytest.mark.parametrize("which", ["model", "data"])
+@pytest.mark.parametrize("filename", ["m.tar.zst", "m.tzst", "m.tar.zstd", "M.TAR.ZST"])
+def test_a_zstd_training_archive_is_refused_naming_the_formats_that_work(which, filename):
+    err = refused(_archive(which, filename))
+    assert err.field == f"stack.training.{which}.archive.filename", str(err)
+    text = str(err)
+    assert "host lab1:" in text and "tar 1.30" in text and "zstd" in text
+    for works in (".tar.gz", ".tar.bz2", ".tar.xz", ".tar,"):
+        assert works in text, text
+
+
+@pytest.mark.parametrize("filename", ["m.zip", "m.7z", "m.tar.lz4", "m"])
+def test_a_training_archive_of_another_format_is_refused(filename):
+    err = refused(_archive("data", filename))
+    assert err.field == "stack.training.data.archive.filename", str(err)
+    assert "zstd" not in str(err) and ".tar.xz" in str(err)
+
+
+@pytest.mark.parametrize(
+    "filename", ["m.tar", "m.tar.gz", "m.tgz", "m.tar.bz2", "m.tbz2", "m.tar.xz", "M.TXZ"]
+)
+def test_gz_bz2_xz_and_plain_training_archives_are_accepted(filename):
+    spec = load_spec("lab1", _archive("model", filename))
+    assert spec.training.model.archive.filename == filename
+
+
+def test_dpkg_lock_wait_defaults_to_ten_minutes_and_is_bounded():
+    assert load_spec("lab1", {}).policy.dpkg_lock_wait_s == 600
+    assert load_spec("lab1", {"policy": {"dpkg_lock_wait_s": 60}}).policy.dpkg_lock_wait_s == 60
+    for bad in (0, -5, 7200, "soon"):
+        err = refused({"policy": {"dpkg_lock_wait_s": bad}})
+        assert err.field == "stack.policy.dpkg_lock_wait_s", str(err)

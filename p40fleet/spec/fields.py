@@ -142,6 +142,23 @@ def _filename(value: str) -> str:
     return value
 
 
+#: What ``tar -xf`` reads on focal (GNU tar 1.30, no zstd binary): plain tar, gzip, bzip2, xz.
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.xz", ".txz")
+
+
+def _tar_archive_name(value: str) -> str:
+    if value.lower().endswith(TAR_SUFFIXES):
+        return value
+    zstd = value.lower().endswith((".zst", ".zstd", ".tzst"))
+    raise ValueError(
+        ("a zstd archive needs tar >= 1.31 and a zstd binary; Ubuntu 20.04 has tar 1.30 and no "
+         "zstd. " if zstd else "")
+        + "expected a tar archive tar 1.30 can unpack, named for it: "
+        + ", ".join(TAR_SUFFIXES)
+        + " (repack it, e.g. tar -cJf NAME.tar.xz DIR/, and update sha256)"
+    )  # fmt: skip
+
+
 def _pattern(regex: str, expected: str):
     compiled = re.compile(regex)
 
@@ -177,6 +194,7 @@ AbsPath = Annotated[str, AfterValidator(_abs_path)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 BaseUrl = Annotated[str, AfterValidator(_base_url)]
 FileName = Annotated[str, AfterValidator(_filename)]
+TarArchiveName = Annotated[str, AfterValidator(_filename), AfterValidator(_tar_archive_name)]
 GitCommit = Annotated[
     str,
     BeforeValidator(lambda v: v.strip().lower() if isinstance(v, str) else v),

@@ -54,6 +54,7 @@ from p40fleet.spec.fields import (
     Port,
     Problem,
     Sha256,
+    TarArchiveName,
     _cuda_dir_problem,
     _host_address,
     _ip,
@@ -546,6 +547,9 @@ class Policy(BaseModel):
     allow_maxwell: bool = False
     # SSH with a host key not checked against known_hosts ("accept-new", "no"): an explicit opt-in.
     allow_unverified_host_keys: bool = False
+    # How long every apt step waits for the dpkg lock (unattended-upgrades holds it after boot)
+    # before it fails naming the holder; seconds.
+    dpkg_lock_wait_s: int = Field(default=600, ge=1, le=3600)
 
 
 class RayCluster(BaseModel):
@@ -583,12 +587,15 @@ class RayCluster(BaseModel):
 class TrainingArchive(BaseModel):
     """A tar archive of a model or data directory: fetched, sha256-checked, then unpacked.
 
+    Named for a format focal's tar 1.30 reads (plain, gz, bz2, xz; ``fields.TAR_SUFFIXES``).
+
     From ``mirror.artifacts_url/<filename>`` when the mirror is set, else from ``url``.
     """
 
     model_config = _FROZEN
 
-    filename: FileName
+    # unpacked with the host's tar (focal: 1.30): gz, bz2, xz or plain, never zstd
+    filename: TarArchiveName
     url: HttpUrl | None = None
     sha256: Sha256
     size: int | None = Field(default=None, gt=0)
