@@ -145,7 +145,9 @@ def home_owner_problem(home: str, info: dict, name: str, uid: int) -> str | None
     """Why an existing ``home`` (its ``Directory`` fact) is not the training user's to take:
     it belongs to another user (S3). ``None`` when it is ``name``'s or ``uid``'s."""
     owner = str(info.get("user"))
-    if owner in (name, str(uid)):
+    # GNU stat's %U is "UNKNOWN" for a uid without a passwd entry (a kept /home after an OS
+    # reinstall): the numeric check run just before useradd decides that case.
+    if owner in (name, str(uid), "UNKNOWN"):
         return None
     return (
         f"{home} exists and belongs to {owner}, not to {name} (uid {uid}): another "

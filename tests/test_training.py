@@ -302,6 +302,16 @@ def test_an_existing_home_of_another_user_is_refused_naming_its_owner():
         assert bool(_user(facts).failures) is refused, owner
 
 
+def test_a_kept_home_after_a_reinstall_is_reused_and_left_to_the_uid_guard():
+    """After an OS reinstall /home/verl is uid 2001's with no passwd entry: GNU stat's %U says
+    UNKNOWN. Not a refusal: the guard before useradd compares the numeric uid."""
+    facts = {Users: {}, Directory: {"user": "UNKNOWN", "group": "UNKNOWN", "mode": 750}}
+    result = _user(facts)
+    assert not result.failures, result.failures
+    assert result.commands[0].startswith("if [ -e /home/verl ] && o=$(stat -c %u")
+    assert any("useradd" in c for c in result.commands)
+
+
 def test_the_home_owner_is_checked_again_when_the_user_is_created(tmp_path):
     """S3 at run time: the guard command refuses a home another uid owns, naming it."""
     guard = _user({Users: {}, Directory: None}).commands[0]
