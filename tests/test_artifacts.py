@@ -391,6 +391,56 @@ def test_mirror_sending_more_than_the_pin_is_cut_and_nothing_kept(tmp_path, rang
     assert not (cache / "big.run.part").exists() and not (cache / "big.run").exists()
 
 
+@needs_tools
+def test_wget_fallback_also_converges_through_a_mirror_without_range(tmp_path, plain_server):
+    """A host without curl: wget, with its limits (a wrong option would exit 2), against a
+    server that ignores Range (wget itself then starts again from the first byte)."""
+    import shutil
+
+    if shutil.which("wget") is None:
+        pytest.skip("needs wget")
+    tools = tmp_path / "bin"  # PATH without curl
+    tools.mkdir()
+    for tool in ("sh", "stat", "sha256sum", "cut", "flock", "mkdir", "rm", "mv", "date",
+                 "sleep", "wget", "cat", "head"):  # fmt: skip
+        (tools / tool).symlink_to(shutil.which(tool))
+    data, cache = blob(300_000), tmp_path / "cache"
+    cmd = _cmd(plain_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(data[:100_000])
+    out = subprocess.run(
+        [str(tools / "sh"), "-c", cmd], capture_output=True, text=True, env={"PATH": str(tools)}
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sha256 verified" in out.stdout
+    assert (cache / "big.run").read_bytes() == data
+    assert served(plain_server["log"])[-1] == (200, 300_000)
+
+
+@needs_tools
+def test_mirror_sending_more_than_the_pin_without_a_length_is_cut(tmp_path, range_server):
+    """No Content-Length (curl 7.68's --max-filesize cannot know): the bytes past the pinned
+    size are what stops it, and nothing is kept."""
+    handler = range_server["handler"]
+    plain_send_header = handler.send_header
+
+    def no_length(self, keyword, value):
+        if keyword.lower() != "content-length":
+            plain_send_header(self, keyword, value)
+
+    handler.send_header = no_length
+    data, cache = blob(200_000), tmp_path / "cache"
+    (range_server["root"] / "big.run").write_bytes(data)
+    cmd = artifacts.download_command(
+        f"{range_server['url']}/big.run", hashlib.sha256(data[:1000]).hexdigest(), str(cache),
+        "big.run", 1000,
+    ).get_raw_value()  # fmt: skip
+    out = sh(cmd)
+    assert out.returncode != 0
+    assert "the mirror sent more than the pinned 1000 bytes: deleted" in out.stderr, out.stderr
+    assert not (cache / "big.run.part").exists() and not (cache / "big.run").exists()
+
+
 def test_curl_and_wget_get_a_connect_timeout_a_stall_limit_and_the_pinned_size():
     cmd = artifacts.download_command("http://m/x.run", SUM, "/c", "x.run", 4096).get_raw_value()
     curl = next(part for part in cmd.split("& ") if "curl -fsSL" in part)
