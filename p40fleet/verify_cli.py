@@ -123,7 +123,10 @@ def _json_arg(value: str | None, option: str = "--json") -> Path | None:
 
 def pyinfra_command(inventory: str, limits: Sequence[str] = ()) -> list[str]:
     """The pyinfra command line the CLI runs."""
-    command = [sys.executable, "-m", "pyinfra", "-y", inventory, str(DEPLOY)]
+    # config.py installs p40fleet.sshguard before pyinfra connects: a host whose key would
+    # not be checked gets no connection at all (security S17).
+    command = [sys.executable, "-m", "pyinfra", "-y", "--config", str(REPO / "config.py")]
+    command += [inventory, str(DEPLOY)]
     if not inventory.startswith("@") and not Path(inventory).is_file():
         # A host list carries no host data: pyinfra's default would trust the first key it
         # sees (accept-new). Strict checking holds for host lists too (security S17).
