@@ -18,7 +18,7 @@ def test_unchecked_host_key_gets_no_command_and_its_key_is_not_learned(lab, tmp_
     known = tmp_path / "known_hosts"
     known.write_text("")
     proc = lab.pyinfra(
-        f"root@{ip}", deploy, "--data", f"ssh_key={st['ssh_key']}",
+        ip, deploy, "--data", "ssh_user=root", "--data", f"ssh_key={st['ssh_key']}",
         "--data", f"ssh_known_hosts_file={known}", "--data", "ssh_allow_agent=false",
         "--data", "ssh_look_for_keys=false", timeout=120,
     )  # fmt: skip
