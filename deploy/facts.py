@@ -19,6 +19,7 @@ from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
 from facts.nouveau import NouveauLoaded
 from facts.survey import ask, install, part, survey
+from p40fleet import sshguard
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 
 _ROWS_ATTR = "p40fleet_fact_rows"
@@ -41,7 +42,15 @@ def _gib(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**30:.0f} GiB"
 
 
+def _refused_row(reason: str) -> dict[str, str]:
+    """The row of a host that gets no command: every column unknown, the reason as verdict."""
+    return dict({c: "?" for c in _COLUMNS}, host=host.name, verdict=f"refused: {reason}")
+
+
 def _survey() -> dict[str, str]:
+    unchecked = sshguard.host_key_refusal(host)  # S17: before the survey, the first command
+    if unchecked is not None:
+        return _refused_row(unchecked)
     spec_problem = None
     try:
         spec = spec_for_host(host)
@@ -109,6 +118,7 @@ def _print_table(rows: dict[str, dict[str, str]]) -> None:
     Console(width=200).print(table)
 
 
+sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
 row = _survey()
 print(
     f"[{row['host']}] {row['OS']} | GPUs: {row['GPUs']} | cc {row['cc']} | "

@@ -40,7 +40,10 @@ keep_facts(state)
 deploy_frames.install(Path(__file__).parent)
 ssh_poll.slow_idle_wakes(host)
 try:
-    survey_host(host, spec_for_host(host))  # before the run lock's fact: in the same command
+    # No survey (the first root command) to a host whose key is not checked (security S17):
+    # validated_spec refuses it just below, before any command.
+    if sshguard.host_key_refusal(host) is None:
+        survey_host(host, spec_for_host(host))  # before the run lock's fact: same command
 except SpecError:
     pass  # refused just below, nothing to survey
 spec = validated_spec()

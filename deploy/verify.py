@@ -30,7 +30,7 @@ from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import launch, ray_cluster, training, verification
 from operations.refuse import refuse
-from p40fleet import preflight, report
+from p40fleet import preflight, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import smoke
 from p40fleet.verification.check import FAIL, Check, spec_failure
@@ -104,6 +104,9 @@ def _refuse(refusals: list[tuple[str, str, str]]) -> dict:
 
 
 def _entry_for_this_host() -> dict:
+    unchecked = sshguard.host_key_refusal(host)  # S17: before any command
+    if unchecked is not None:
+        return _refuse([("ssh host key", unchecked, "set ssh_strict_host_key_checking=yes")])
     try:
         spec = spec_for_host(host)
     except SpecError as exc:
@@ -125,6 +128,7 @@ def _entry_for_this_host() -> dict:
     return report.host_entry(checks)
 
 
+sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
 entry = _entry_for_this_host()
 print(verification.summary_line(host.name, entry), flush=True)
 

@@ -3,7 +3,9 @@
 On the host, for ``/var/cache/p40fleet/X.run``::
 
     X.run.lock       flock(1) held for the whole download: one run at a time fetches X.run
-    X.run.part       the download in progress; an interrupted one is resumed (HTTP range)
+    X.run.part       the download in progress; an interrupted one is resumed (HTTP range),
+                     one the mirror cannot resume (no Range support, longer than the file)
+                     is fetched whole once
     X.run            renamed from .part only after the sha256 of the WHOLE file matched
     X.run.verified   marker ``SIZE MTIME SHA256``: a re-run compares size + mtime, never re-hashes
 
@@ -46,28 +48,57 @@ def artifact_path(spec: StackSpec, name: str) -> str:
     return posixpath.join(spec.paths.artifact_cache, spec.artifact(name).filename)
 
 
-def _fetch_function(url: str) -> str:
-    """Shell function ``fetch RESUME``: curl (or wget) to ``$p``, printing progress lines."""
+# Limits of one transfer (security N5), kept here so the curl/wget command lines stay short:
+# give up on a mirror that does not connect in 30 s, or sends under 1 KiB/s for 120 s (curl's
+# exit 28, wget's 4: the .part is kept for the next run), and never accept more bytes than the
+# pin's size (curl --max-filesize; the watch loop below stops wget, or a curl whose mirror
+# sends no Content-Length, at the first byte past it).
+CURL_LIMITS = "--connect-timeout 30 --speed-limit 1024 --speed-time 120"
+WGET_LIMITS = "--connect-timeout=30 --read-timeout=120"
+# Exits that mean "the mirror stopped answering", not "this .part cannot be resumed": curl's
+# resolve/connect/timeout/partial/recv errors, wget's network failure.
+_STOPPED_EXITS = "5 6 7 18 28 35 52 55 56"
+_WGET_STOPPED_EXITS = "4"
+
+
+def _limits(size: int | None) -> tuple[str, str]:
+    """curl's and wget's options for one transfer of a file of ``size`` bytes (if known)."""
+    curl = CURL_LIMITS + (f" --max-filesize {int(size)}" if size else "")
+    return curl, WGET_LIMITS
+
+
+def _fetch_function(url: str, size: int | None = None) -> str:
+    """Shell function ``fetch RESUME``: curl (or wget) to ``$p``, printing progress lines.
+
+    Sets ``$stops`` to the exit codes after which the ``.part`` is worth resuming."""
     q_url = shlex.quote(url)
+    curl_limits, wget_limits = _limits(size)
     return (
         "fetch() { "
         'if [ "$1" = 1 ] && [ -s "$p" ]; then '
         'echo "$n: resuming from byte $(stat -c %s "$p")"; c="-C -"; w="-c"; '
         'else rm -f "$p"; c=""; w=""; fi; '
         "if command -v curl >/dev/null 2>&1; then "
-        f'curl -fsSL --retry 3 $c -o "$p" {q_url} & '
-        f'else wget -q --tries=3 $w -O "$p" {q_url} & fi; '
-        "pid=$!; t0=$(date +%s); last=$t0; step=-1; "
+        f'stops="{_STOPPED_EXITS}"; '
+        f'curl -fsSL --retry 3 $c {curl_limits} -o "$p" {q_url} & '
+        f'else stops="{_WGET_STOPPED_EXITS}"; '
+        f'wget -q --tries=3 $w {wget_limits} -O "$p" {q_url} & fi; '
+        "pid=$!; t0=$(date +%s); last=$t0; step=-1; big=0; "
         "while kill -0 $pid 2>/dev/null; do sleep 1; now=$(date +%s); "
         'have=$(stat -c %s "$p" 2>/dev/null || echo 0); '
         'if [ -n "$size" ] && [ "$size" -gt 0 ]; then '
+        'if [ "$have" -gt "$size" ]; then big=1; kill $pid 2>/dev/null; fi; '
         "pct=$((have * 100 / size)); "
         "if [ $((pct / 10)) -gt $step ] || [ $((now - last)) -ge 30 ]; then "
         'echo "$n: $pct % ($have of $size bytes, $((now - t0)) s)"; '
         "step=$((pct / 10)); last=$now; fi; "
         "elif [ $((now - last)) -ge 30 ]; then "
         'echo "$n: $have bytes ($((now - t0)) s)"; last=$now; fi; done; '
-        "wait $pid; }"
+        "wait $pid; r=$?; "
+        'if [ $big = 1 ] || { [ -n "$size" ] && [ "$(stat -c %s "$p" 2>/dev/null || echo 0)" '
+        '-gt "$size" ]; }; then rm -f "$p"; '
+        'echo "$n: the mirror sent more than the pinned $size bytes: deleted" >&2; r=63; fi; '
+        "return $r; }"
     )
 
 
@@ -94,7 +125,8 @@ def download_command(
 
     Exit 0 only when ``dest_dir/filename`` has the pinned sum and a fresh marker. Any other
     outcome exits non-zero with a line naming the cause and the fix; a ``.part`` that merely
-    stopped (mirror down, network cut) is kept for the next run to resume.
+    stopped (mirror down, network cut, a stall) is kept for the next run to resume, one the
+    mirror cannot resume (no Range support, a 416, a wrong sum) is fetched whole at once.
     """
     sha256 = sha256.lower()
     path = posixpath.join(dest_dir, filename)
@@ -134,18 +166,26 @@ def download_command(
             "if command -v flock >/dev/null 2>&1 && ! flock -n 9; then ",
             f"{busy} >&2; exit 1; fi; ",
             "sum() { sha256sum \"$1\" | cut -d' ' -f1; }; ",
-            _fetch_function(url) + "; ",
+            _fetch_function(url, size) + "; ",
             'if [ -f "$f" ] && [ "$(sum "$f")" = "$want" ]; then ',
             'echo "$n: already in $d, sha256 matches"; else ',
             'rm -f "$f" "$m"; resumed=0; [ -s "$p" ] && resumed=1; ',
-            'fetch 1; rc=$?; got=$(sum "$p" 2>/dev/null); ',
-            # A resumed .part that fails (416 on a complete file) may still be whole.
+            # A .part longer than the pinned file can only be wrong: never resume it.
+            'if [ $resumed = 1 ] && [ -n "$size" ] && [ "$(stat -c %s "$p")" -gt "$size" ]; then ',
+            'echo "$n: the partial file has $(stat -c %s "$p") bytes, more than the pinned '
+            '$size: fetching it whole"; rm -f "$p"; resumed=0; fi; ',
+            'fetch $resumed; rc=$?; got=$(sum "$p" 2>/dev/null); ',
+            # A resumed .part that fails (416 on a complete file) may still be whole. One that
+            # the mirror cannot resume (no Range support: curl 33, a 416, a wrong sum) is
+            # fetched whole once; one cut by the network (a $stops exit) is kept to resume.
+            'if [ "$got" != "$want" ] && [ $resumed = 1 ]; then '
+            'case " $stops " in *" $rc "*) ;; *) ',
+            'if [ $rc = 0 ]; then echo "$n: sha256 of the resumed file is $got, not $want: '
+            'fetching it whole"; else echo "$n: the mirror did not resume the partial file '
+            '(curl/wget exit $rc): fetching it whole"; fi; ',
+            'fetch 0; rc=$?; got=$(sum "$p" 2>/dev/null); ;; esac; fi; ',
             'if [ $rc != 0 ] && [ "$got" != "$want" ]; then ',
             f"{stopped} >&2; exit 1; fi; ",
-            'if [ "$got" != "$want" ] && [ $resumed = 1 ]; then ',
-            'echo "$n: sha256 of the resumed file is $got, not $want: fetching it whole"; ',
-            'fetch 0; rc=$?; got=$(sum "$p" 2>/dev/null); ',
-            f"if [ $rc != 0 ]; then {stopped} >&2; exit 1; fi; fi; ",
             f'if [ "$got" != "$want" ]; then rm -f "$p"; {mismatch} >&2; exit 1; fi; ',
             'mv -f "$p" "$f" && echo "$n: sha256 verified ($want)"; fi; ',
             'echo "$(stat -c \'%s %Y\' "$f") $want" > "$m.tmp" && mv -f "$m.tmp" "$m"',

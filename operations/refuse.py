@@ -40,7 +40,8 @@ from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
 
 from operations import run_lock
-from p40fleet.spec import SpecError, StackSpec, host_key_problem, spec_for_host
+from p40fleet import sshguard
+from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 __all__ = ["refusal_message", "refuse", "refuse_option_ref", "validated_spec"]
 
@@ -124,6 +125,18 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
     change hosts) this run's lock on the host is taken first (``operations.run_lock``); a host
     another run holds is refused.
     """
+    unchecked = sshguard.host_key_refusal(host)
+    if unchecked is not None and host.name not in refused_hosts():
+        # S17: before the run lock's fact (a root command); sshguard refuses any command too.
+        refuse_host(
+            step="ssh host key",
+            reason=unchecked.removeprefix(f"host {host.name}: "),
+            remedy="set ssh_strict_host_key_checking=yes with the hosts' keys in "
+            "ssh_known_hosts_file (python -m p40fleet.rekey records a new one), then re-run",
+            name="Refuse: ssh host key",
+        )
+    if unchecked is not None:
+        return None
     if lock and not run_lock.hold():
         refused_hosts().add(host.name)
         return None
@@ -134,9 +147,6 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
         return specs[host.name]  # once per host and run (every deploy asks at its top)
     try:
         spec = spec_for_host(host)
-        problem = host_key_problem(host, spec)
-        if problem is not None:
-            raise problem
         specs[host.name] = spec
         return spec
     except SpecError as exc:

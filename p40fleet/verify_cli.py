@@ -152,7 +152,10 @@ def pyinfra_command(
     smoke_timeout: int | None = None,
 ) -> list[str]:
     """The pyinfra command line the CLI runs (``smoke``: host data ``verify_smoke=yes``)."""
-    command = [sys.executable, "-m", "pyinfra", "-y", inventory, str(DEPLOY)]
+    # config.py installs p40fleet.sshguard before pyinfra connects: a host whose key would
+    # not be checked gets no connection at all (security S17).
+    command = [sys.executable, "-m", "pyinfra", "-y", "--config", str(REPO / "config.py")]
+    command += [inventory, str(DEPLOY)]
     if smoke:
         command += ["--data", f"{SMOKE_DATA}=yes"]
         if smoke_timeout is not None:

@@ -36,18 +36,21 @@ class _Handler(SimpleHTTPRequestHandler):
     ``curl -C -`` resumes as against a real web server: ``206`` + ``Content-Range`` for a
     satisfiable range, ``416`` + ``Content-Range: bytes */SIZE`` past the end, ``200`` (the
     whole file) for a header it does not understand (several ranges, garbage), as the RFC
-    allows. ``rate`` (bytes/s, 0 = as fast as possible) slows the body down for fault tests."""
+    allows. ``rate`` (bytes/s, 0 = as fast as possible) slows the body down for fault tests.
+    ``ranges=False`` is ``python3 -m http.server``, a likely air-gapped mirror: every Range
+    header ignored (``200``, the whole file), no ``Accept-Ranges``."""
 
     access_log: Path = ACCESS_LOG
     protocol_version = "HTTP/1.0"
     rate: int = 0
+    ranges: bool = True
 
     def send_response(self, code, message=None):
         self._p40_status = code
         super().send_response(code, message)
 
     def end_headers(self):
-        if self._p40_status in (200, 206):
+        if self.ranges and self._p40_status in (200, 206):
             self.send_header("Accept-Ranges", "bytes")
         super().end_headers()
 
@@ -68,7 +71,7 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def send_head(self):
         self._p40_left = None
-        if "Range" not in self.headers:
+        if not self.ranges or "Range" not in self.headers:
             return super().send_head()
         path = self.translate_path(self.path)
         if not os.path.isfile(path):
@@ -137,9 +140,11 @@ def serve(
     port: int = PORT,
     access_log: Path = ACCESS_LOG,
     rate: int = 0,
+    ranges: bool = True,
 ):
     access_log.parent.mkdir(parents=True, exist_ok=True)
-    handler = type("Handler", (_Handler,), {"access_log": access_log, "rate": rate})
+    attrs = {"access_log": access_log, "rate": rate, "ranges": ranges}
+    handler = type("Handler", (_Handler,), attrs)
 
     def make(*a, **kw):
         return handler(*a, directory=str(mirror_dir), **kw)
@@ -173,10 +178,12 @@ def start_server(
     pid_file: Path = PID_FILE,
     timeout: float = 10.0,
     rate: int = 0,
+    ranges: bool = True,
 ) -> int:
     """Start ``python -m p40lab.mirror serve`` in the background, bound ONLY to ``bind``.
     Writes ``pid_file``; returns the PID once the port accepts connections. ``rate``: bytes/s
-    per response (0: unthrottled), to cut a download halfway in a fault test."""
+    per response (0: unthrottled), to cut a download halfway in a fault test; ``ranges=False``:
+    a mirror without Range support (as ``python3 -m http.server``)."""
     mirror_dir = Path(mirror_dir or _lab.MIRROR_DIR)
     stop_server(pid_file=pid_file)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +193,7 @@ def start_server(
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cmd = [sys.executable, "-m", "p40lab.mirror", "serve", "--dir", str(mirror_dir)]
     cmd += ["--bind", bind, "--port", str(port), "--access-log", str(access_log)]
-    cmd += ["--rate", str(rate)]
+    cmd += ["--rate", str(rate)] + ([] if ranges else ["--no-ranges"])
     with open(access_log.with_name("mirror-server.log"), "a") as errlog:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,

@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=httpd.PORT)
     s.add_argument("--access-log", type=Path, default=httpd.ACCESS_LOG)
     s.add_argument("--rate", type=int, default=0, help="bytes/s per response (0: unthrottled)")
+    s.add_argument(
+        "--no-ranges", action="store_true", help="ignore Range headers (as python3 -m http.server)"
+    )
     st = sub.add_parser("start")
     st.add_argument("--dir", type=Path, default=MIRROR_DIR)
     st.add_argument("--bind", default=httpd.BIND)
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "build":
         print(json.dumps(ensure_mirror(None, a.dir, force=a.force), indent=2))
     elif a.cmd == "serve":
-        httpd.serve(a.dir, a.bind, a.port, a.access_log, a.rate)
+        httpd.serve(a.dir, a.bind, a.port, a.access_log, a.rate, ranges=not a.no_ranges)
     elif a.cmd == "start":
         print(httpd.start_server(a.dir, a.bind, a.port))
     elif a.cmd == "stop":

@@ -323,6 +323,149 @@ def test_mirror_gone_keeps_the_part_for_the_next_run(tmp_path):
     assert (cache / "big.run.part").read_bytes() == b"y" * 1000
 
 
+@pytest.fixture
+def plain_server(range_server):
+    """The same server without Range support, as ``python3 -m http.server`` (security N5)."""
+    range_server["handler"].ranges = False
+    return range_server
+
+
+@needs_tools
+def test_part_a_mirror_cannot_resume_is_fetched_whole_once_and_converges(tmp_path, plain_server):
+    """N5: a mirror without Range answers 200 to a resume (curl exit 33); before, the .part
+    was kept and every run failed the same way."""
+    data, cache = blob(300_000), tmp_path / "cache"
+    cmd = _cmd(plain_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(data[:100_000])
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    assert "did not resume the partial file" in out.stdout and "fetching it whole" in out.stdout
+    assert "sha256 verified" in out.stdout
+    # the resume asked and was refused (curl stops at the 200), then one whole download
+    assert [status for status, _ in served(plain_server["log"])] == [200, 200]
+    assert served(plain_server["log"])[-1] == (200, 300_000)
+    assert (cache / "big.run").read_bytes() == data
+    assert not (cache / "big.run.part").exists()
+    again = sh(cmd)  # the second run: already there, nothing fetched
+    assert again.returncode == 0 and "already in" in again.stdout, again.stderr
+    assert len(served(plain_server["log"])) == 2
+
+
+@needs_tools
+def test_part_longer_than_the_pinned_size_is_never_resumed(tmp_path, range_server):
+    data, cache = blob(100_000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(b"z" * 150_000)  # longer than the file: a 416
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    assert "150000 bytes, more than the pinned 100000: fetching it whole" in out.stdout
+    assert served(range_server["log"]) == [(200, 100_000)]  # no Range asked at all
+    assert (cache / "big.run").read_bytes() == data
+
+
+@needs_tools
+def test_part_longer_than_the_file_converges_without_a_known_size(tmp_path, range_server):
+    data, cache = blob(100_000), tmp_path / "cache"
+    cmd = _cmd(range_server, cache, data, with_size=False)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(b"z" * 150_000)
+    out = sh(cmd)
+    assert out.returncode == 0, out.stderr
+    assert served(range_server["log"]) == [(416, 0), (200, 100_000)]
+    assert (cache / "big.run").read_bytes() == data
+
+
+@needs_tools
+def test_mirror_sending_more_than_the_pin_is_cut_and_nothing_kept(tmp_path, range_server):
+    data, cache = blob(200_000), tmp_path / "cache"
+    (range_server["root"] / "big.run").write_bytes(data)
+    cmd = artifacts.download_command(
+        f"{range_server['url']}/big.run", hashlib.sha256(data[:1000]).hexdigest(), str(cache),
+        "big.run", 1000,
+    ).get_raw_value()  # fmt: skip
+    out = sh(cmd)
+    assert out.returncode != 0
+    assert "stopped (curl/wget exit 63)" in out.stderr, out.stderr
+    assert not (cache / "big.run.part").exists() and not (cache / "big.run").exists()
+
+
+@needs_tools
+def test_wget_fallback_also_converges_through_a_mirror_without_range(tmp_path, plain_server):
+    """A host without curl: wget, with its limits (a wrong option would exit 2), against a
+    server that ignores Range (wget itself then starts again from the first byte)."""
+    import shutil
+
+    if shutil.which("wget") is None:
+        pytest.skip("needs wget")
+    tools = tmp_path / "bin"  # PATH without curl
+    tools.mkdir()
+    for tool in ("sh", "stat", "sha256sum", "cut", "flock", "mkdir", "rm", "mv", "date",
+                 "sleep", "wget", "cat", "head"):  # fmt: skip
+        (tools / tool).symlink_to(shutil.which(tool))
+    data, cache = blob(300_000), tmp_path / "cache"
+    cmd = _cmd(plain_server, cache, data)
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(data[:100_000])
+    out = subprocess.run(
+        [str(tools / "sh"), "-c", cmd], capture_output=True, text=True, env={"PATH": str(tools)}
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "sha256 verified" in out.stdout
+    assert (cache / "big.run").read_bytes() == data
+    assert served(plain_server["log"])[-1] == (200, 300_000)
+
+
+@needs_tools
+def test_mirror_sending_more_than_the_pin_without_a_length_is_cut(tmp_path, range_server):
+    """No Content-Length (curl 7.68's --max-filesize cannot know): the bytes past the pinned
+    size are what stops it, and nothing is kept."""
+    handler = range_server["handler"]
+    plain_send_header = handler.send_header
+
+    def no_length(self, keyword, value):
+        if keyword.lower() != "content-length":
+            plain_send_header(self, keyword, value)
+
+    handler.send_header = no_length
+    data, cache = blob(200_000), tmp_path / "cache"
+    (range_server["root"] / "big.run").write_bytes(data)
+    cmd = artifacts.download_command(
+        f"{range_server['url']}/big.run", hashlib.sha256(data[:1000]).hexdigest(), str(cache),
+        "big.run", 1000,
+    ).get_raw_value()  # fmt: skip
+    out = sh(cmd)
+    assert out.returncode != 0
+    assert "the mirror sent more than the pinned 1000 bytes: deleted" in out.stderr, out.stderr
+    assert not (cache / "big.run.part").exists() and not (cache / "big.run").exists()
+
+
+def test_curl_and_wget_get_a_connect_timeout_a_stall_limit_and_the_pinned_size():
+    cmd = artifacts.download_command("http://m/x.run", SUM, "/c", "x.run", 4096).get_raw_value()
+    curl = next(part for part in cmd.split("& ") if "curl -fsSL" in part)
+    wget = next(part for part in cmd.split("& ") if "wget -q" in part)
+    for option in ("--connect-timeout 30", "--speed-limit 1024", "--speed-time 120"):
+        assert option in curl, curl
+    assert "--max-filesize 4096" in curl, curl
+    assert "--connect-timeout=30" in wget and "--read-timeout=120" in wget, wget
+    unsized = artifacts.download_command("http://m/x.run", SUM, "/c", "x.run").get_raw_value()
+    assert "--max-filesize" not in unsized
+
+
+@needs_tools
+def test_a_stalled_mirror_keeps_the_part_to_resume(tmp_path):
+    """A mirror that stops answering (curl 7: nothing listens) is not a .part that cannot be
+    resumed: it is kept, not fetched whole."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    (cache / "big.run.part").write_bytes(b"y" * 1000)
+    cmd = artifacts.download_command("http://127.0.0.1:9/big.run", SUM, str(cache), "big.run")
+    out = sh(cmd.get_raw_value())
+    assert out.returncode != 0 and "fetching it whole" not in out.stdout
+    assert (cache / "big.run.part").read_bytes() == b"y" * 1000
+
+
 @needs_tools
 def test_another_run_holding_the_lock_is_refused_and_its_part_untouched(tmp_path, range_server):
     data, cache = blob(10_000), tmp_path / "cache"

@@ -222,7 +222,9 @@ def test_pyinfra_command_line(tmp_path):
     inventory.write_text("hosts = []\n")
     command = verify_cli.pyinfra_command(str(inventory), ["lab1", "lab2"])
     assert command[:4] == [sys.executable, "-m", "pyinfra", "-y"]
-    assert command[4:] == [
+    assert command[4:6] == ["--config", str(REPO / "config.py")]  # S17: sshguard at connect
+    assert (REPO / "config.py").is_file()
+    assert command[6:] == [
         str(inventory),
         str(REPO / "deploy" / "verify.py"),
         "--limit",
