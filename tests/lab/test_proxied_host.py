@@ -7,7 +7,7 @@ lab bridge and forwards only there. The host's stack points every mirror URL at 
 so every fetch (apt, curl, pip, conda, git) must go through the proxy to succeed.
 
     P40LAB_TEST_INSTANCE=proxy P40LAB_TEST_GPUS=4xP40 flock /tmp/p40lab.lock \\
-        .venv/bin/python -m pytest -q tests/lab/test_proxy.py
+        .venv/bin/python -m pytest -q tests/lab/test_proxied_host.py
 """
 
 from __future__ import annotations
