@@ -323,7 +323,12 @@ def test_demo_fleet_trains_on_8_gpus_and_names_who_is_left_out():
         )
         assert f"# This host ({this})" in head
     assert "is not in it (4 GPU(s), fewer than the 8" in render(alone)
-    assert "export RAY_ADDRESS=local" in render(alone)
+    assert 'export RAY_ADDRESS="${P40FLEET_RAY_ADDRESS:-local}"' in render(alone)
+    line = next(ln for ln in render(alone).splitlines() if ln.startswith("export RAY_ADDRESS="))
+    for given, seen in (({}, "local"), ({"P40FLEET_RAY_ADDRESS": "auto"}, "auto")):
+        proc = subprocess.run(["sh", "-c", f'{line}; echo "$RAY_ADDRESS"'], env=given,
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.stdout.strip() == seen  # the smoke step's own Ray, else a private one
     assert "is a training node" in render(member) and "RAY_ADDRESS=local\n" not in render(member)
 
 

@@ -375,3 +375,14 @@ def test_smoke_timeout_needs_smoke_and_sane_seconds(capsys):
     assert "--smoke-timeout needs --smoke" in capsys.readouterr().err
     assert verify_cli.main(["@local", "--smoke", "--smoke-timeout", "5"]) == 2
     assert "expected seconds >= 30" in capsys.readouterr().err
+
+
+def test_the_cpu_step_names_its_ray_to_a_left_out_hosts_launch_script():
+    """A host the cluster plan leaves out has RAY_ADDRESS=local in its launch script, which
+    yields to P40FLEET_RAY_ADDRESS: the simulated step exports it, so verl joins the step's Ray
+    (fake GPU, ``cpu`` resource), not a private one without them."""
+    from p40fleet.verification.smoke_script import SmokeTargets, render_job
+
+    job = render_job(SmokeTargets("verl", "/py", "/home/verl/launch-ppo.sh", "/v", "v0.5.0", 1, 60))
+    cpu_branch = job.split('if [ "$SIM" = yes ]; then', 1)[1].split("\nelse\n", 1)[0]
+    assert "export RAY_ADDRESS=auto P40FLEET_RAY_ADDRESS=auto" in cpu_branch

@@ -409,7 +409,9 @@ def test_sudo_password_never_appears(fleet):
         lab.ssh("lab1", "rm -f /run/p40lab-sampler-stop")
     converged(result, "lab1", "lab2")
     assert secret not in result.output
-    debug = runs.run("deploy/verify.py", "--debug", "--limit", "lab1", env=as_admin)
+    debug = runs.run(
+        "deploy/verify.py", "--debug", "--limit", "lab1", env={**CONTROLLER_CACHE, **as_admin}
+    )
     assert debug.returncode == 0 and "[lab1] verify: PASS" in debug.output, debug.output[-3000:]
     assert secret not in debug.output
     for name in ("lab1", "lab2"):
