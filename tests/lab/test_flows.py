@@ -409,18 +409,22 @@ def test_reinstall_keeps_home_and_reconverges(fleet):
         assert result.changed_operations(name) == [], name
     # Fetched again: only what the reinstall wiped from lab2's system disk, each once: the four
     # pinned artifacts of the host cache (/var/cache/p40fleet; the Miniconda installer too, the
-    # cache keeps every pin although conda itself survived under /home) and the mirror's apt
-    # index (the apt source under /etc/apt is written again). Not the Apex wheel (controller
+    # cache keeps every pin although conda itself survived under /home), the mirror's apt
+    # index (the apt source under /etc/apt is written again) and the driver's build packages
+    # (a fresh OS has no dkms or compiler: their .debs). Not the Apex wheel (controller
     # cache), pip wheels, verl's git or the training archives (their products are under /home).
     fetched = fetched_by(lab, "lab2", since)
     wiped = (*SYSTEM_ARTIFACTS, lab.state["stack"]["miniconda"]["filename"])
     sizes = {f"/artifacts/{n}": (mirror.MIRROR_DIR / "artifacts" / n).stat().st_size
              for n in wiped}  # fmt: skip
-    apt_index = {path for path in fetched if path.startswith("/apt/")}
+    apt_paths = {path for path in fetched if path.startswith("/apt/")}
+    apt_debs = {path for path in apt_paths if path.endswith(".deb")}
+    apt_index = apt_paths - apt_debs
     apt_files = {"/apt/./Release", "/apt/./Release.gpg", "/apt/./InRelease", "/apt/./Packages.gz",
                  "/apt/./Packages"}  # fmt: skip
     assert apt_index and apt_index <= apt_files, fetched
-    assert {p: n for p, n in fetched.items() if p not in apt_index} == sizes, fetched
+    assert any("/dkms_" in path for path in apt_debs), fetched  # the deploy brought dkms back
+    assert {p: n for p, n in fetched.items() if p not in apt_paths} == sizes, fetched
     assert fetched_by(lab, "lab1", since) == {} and fetched_by(lab, "lab3", since) == {}
 
 
