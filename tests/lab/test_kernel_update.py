@@ -59,6 +59,14 @@ def installed(lab, *packages: str) -> set[str]:
     return {line.split()[0] for line in out.stdout.splitlines() if line.split()[1:2] == ["ii"]}
 
 
+@pytest.fixture(autouse=True)
+def _lab1_reinstalled_afterwards(lab):
+    """The session's lab is shared: lab1 leaves this module with its first kernel and a fresh
+    system disk again (the later modules expect a fresh host, headers for ``uname -r``)."""
+    yield
+    lab.reinstall(HOST)
+
+
 def test_fresh_host_converges_then_a_kernel_update_is_named_by_verify_and_repaired(lab, tmp_path):
     lab.reinstall(HOST)
     first_kernel = sh(lab, "uname -r").strip()
