@@ -58,6 +58,12 @@ def proxied(lab, tmp_path_factory):
     url = f"http://labuser:{SECRET}@{st.CONTROLLER_IP}:{proxy_port}"
     stack["proxy"] = {"http": url, "https": url, "no_proxy": ["localhost"]}
     try:
+        # An admin's first look at the fleet (no --limit): the controller records the Ray
+        # cluster's members, so the runs limited to lab1 below plan the same cluster.
+        seed = runs.run("deploy/training.py", "--dry", env={
+            "P40LAB_SSH_USER": "admin", "P40LAB_STACK_HOST": json.dumps({HOST: stack}),
+            "P40FLEET_CACHE": str(work / "controller-cache")})  # fmt: skip
+        assert (work / "controller-cache" / "ray-members.json").is_file(), seed.output[-3000:]
         yield {"lab": lab, "stack": stack, "loopback": loopback, "proxy_log": proxy_log,
                "mirror_log": mirror_log, "work": work}  # fmt: skip
     finally:
