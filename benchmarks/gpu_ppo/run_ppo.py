@@ -45,7 +45,6 @@ import hashlib
 import inspect
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -293,25 +292,13 @@ def describe_plan(name: str, mode: Mode, plan, script: str) -> dict[str, Any]:
 
 # --- the trainer's log ----------------------------------------------------------------------
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(r"step:(\d+) - (.*)$")
-# verl prints numpy scalars as their repr: ``critic/vf_loss:np.float64(2.11)``
-_METRIC = re.compile(r"([^\s:][^:]*):(?:np\.\w+\()?([-+0-9.eE]+|nan|inf)\)?$")
-
 
 def parse_steps(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines (``step:N - key:value - ...``) -> {N: {key: value}}."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in _ANSI.sub("", log).splitlines():
-        match = _STEP.search(line)
-        if not match:
-            continue
-        metrics = steps.setdefault(int(match.group(1)), {})
-        for part in match.group(2).split(" - "):
-            m = _METRIC.match(part.strip())
-            if m:
-                metrics[m.group(1)] = float(m.group(2))
-    return steps
+    """verl's console logger lines (``step:N - key:value - ...``) -> {N: {key: value}}: verify's
+    own reader (``p40fleet.verification.smoke.parse_metrics``), so both read a step alike."""
+    from p40fleet.verification.smoke import parse_metrics
+
+    return parse_metrics(log.splitlines())
 
 
 def summarize(
