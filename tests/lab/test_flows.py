@@ -585,7 +585,12 @@ def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
     deploy/full.py: every target is unchanged and still root's 0600, each link is replaced by
     the user's own file, and the host converges. Then ~/data as a symlink to a root-owned dir:
     the host is refused naming ~/data, the dir is unchanged; put back, it converges again."""
+    import runpy
     import shlex
+
+    from operations.verl import patch_files
+    from p40fleet.spec.load import deep_merge, load_spec
+    from p40fleet.verl_patches import ruleset_json
 
     lab = fleet["lab"]
     home = "/home/verl"
@@ -596,6 +601,17 @@ def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
                *lab.ssh("lab1", f"ls -d {cache}/verl-requirements-*.txt",
                         check=True).stdout.split()]  # fmt: skip
     assert len(planted) >= 4, planted
+    # earlier tests of the session leave rule sets and requirements of other refs beside the
+    # ones this run uses; only those are rewritten (root leaves the stale links alone)
+    group = runpy.run_path(str(runs.REPO / "inventories/group_data/all.py"))["stack"]
+    spec = load_spec("lab1", deep_merge(group, lab.state["stack"]))
+    record = json.loads(lab.ssh("lab1", f"cat {home}/verl/.p40fleet-patches.json",
+                                check=True).stdout)  # fmt: skip
+    in_use = {f"{home}/launch-ppo.sh", f"{cache}/verl-patch/verl_patch.py",
+              patch_files(f"{cache}/verl-patch",
+                          ruleset_json(record["ref"], record["profile"]))[1],
+              f"{cache}/verl-requirements-{spec.requirements_variant}.txt"}  # fmt: skip
+    assert in_use <= set(planted), (in_use, planted)
 
     def as_verl(command: str) -> str:
         return f"su -s /bin/sh verl -c {shlex.quote(command)}"
@@ -621,9 +637,10 @@ def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
         print(f"N1 plants, deploy/full.py --limit lab1: {time.monotonic() - t0:.1f} s")
         assert_converged(result, hosts=("lab1",))
         assert victims() == before  # content, owner 0 and mode 600 of every target
-        for path in planted:  # the user's own regular file now, not a link
+        for path in planted:  # in use: the user's own regular file now; stale: still the link
             kind = lab.ssh("lab1", f"stat -c '%F %U' {path}", check=True).stdout.strip()
-            assert kind == "regular file verl", (path, kind)
+            want = "regular file verl" if path in in_use else "symbolic link verl"
+            assert kind == want, (path, kind)
         owners = lab.ssh("lab1", f"stat -c %U {data} {data}/*", check=True).stdout.split()
         assert set(owners) == {"verl"}, owners
         again = full("--limit", "lab1")
