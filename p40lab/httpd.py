@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from p40lab import state as _lab
+from p40lab.util import spawn_server
 
 PID_FILE = _lab.LAB_DIR / "mirror.pid"
 ACCESS_LOG = _lab.LAB_DIR / "mirror-access.log"
@@ -186,34 +185,18 @@ def start_server(
     a mirror without Range support (as ``python3 -m http.server``)."""
     mirror_dir = Path(mirror_dir or _lab.MIRROR_DIR)
     stop_server(pid_file=pid_file)
-    pid_file.parent.mkdir(parents=True, exist_ok=True)
-    access_log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "p40lab.mirror", "serve", "--dir", str(mirror_dir)]
-    cmd += ["--bind", bind, "--port", str(port), "--access-log", str(access_log)]
-    cmd += ["--rate", str(rate)] + ([] if ranges else ["--no-ranges"])
-    with open(access_log.with_name("mirror-server.log"), "a") as errlog:
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    pid_file.write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"mirror server exited (rc={proc.returncode}); see "
-                f"{access_log.with_name('mirror-server.log')}"
-            )
-        try:
-            with socket.create_connection((bind, port), timeout=0.5):
-                return proc.pid
-        except OSError:
-            time.sleep(0.05)
-    stop_server(pid_file=pid_file)
-    raise RuntimeError(f"mirror server did not start listening on {bind}:{port}")
+    args = ["p40lab.mirror", "serve", "--dir", str(mirror_dir), "--bind", bind,
+            "--port", str(port), "--access-log", str(access_log), "--rate", str(rate)]  # fmt: skip
+    return spawn_server(
+        args + ([] if ranges else ["--no-ranges"]),
+        bind=bind,
+        port=port,
+        pid_file=pid_file,
+        server_log=access_log.with_name("mirror-server.log"),
+        what="mirror server",
+        stop=lambda: stop_server(pid_file=pid_file),
+        timeout=timeout,
+    )
 
 
 def stop_server(*, pid_file: Path = PID_FILE) -> bool:

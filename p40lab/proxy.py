@@ -21,11 +21,9 @@ import argparse
 import base64
 import binascii
 import http.client
-import os
 import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -33,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from p40lab.util import spawn_server
 
 __all__ = ["ProxyServer", "access_entries", "main", "start_proxy", "stop_proxy"]
 
@@ -245,34 +245,21 @@ def start_proxy(
     """Start ``python -m p40lab.proxy serve`` in the background, bound ONLY to ``bind``.
     Writes ``pid_file``; returns the PID once the port accepts connections."""
     stop_proxy(pid_file=pid_file)
-    pid_file.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "p40lab.proxy", "serve", "--bind", bind, "--port", str(port),
-           "--log", str(access_log)]  # fmt: skip
+    args = ["p40lab.proxy", "serve", "--bind", bind, "--port", str(port), "--log", str(access_log)]
     for target in sorted(allowed):
-        cmd += ["--allow", target]
+        args += ["--allow", target]
     if auth_file is not None:
-        cmd += ["--auth-file", str(auth_file)]
-    errors = access_log.with_name(access_log.stem + "-server.log")
-    with open(errors, "a") as errlog:
-        proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    pid_file.write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited (rc={proc.returncode}); see {errors}")
-        try:
-            with socket.create_connection((bind, port), timeout=0.5):
-                return proc.pid
-        except OSError:
-            time.sleep(0.05)
-    stop_proxy(pid_file=pid_file)
-    raise RuntimeError(f"proxy did not start listening on {bind}:{port}")
+        args += ["--auth-file", str(auth_file)]
+    return spawn_server(
+        args,
+        bind=bind,
+        port=port,
+        pid_file=pid_file,
+        server_log=access_log.with_name(access_log.stem + "-server.log"),
+        what="proxy",
+        stop=lambda: stop_proxy(pid_file=pid_file),
+        timeout=timeout,
+    )
 
 
 def stop_proxy(*, pid_file: Path) -> bool:

@@ -1,13 +1,14 @@
-"""Small helpers shared by the lab modules: logging, running commands, file digests."""
+"""Small helpers shared by the lab modules: logging, running commands, file digests, servers."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from p40lab.state import LabError
@@ -47,3 +48,42 @@ def sha256_file(path: Path) -> str:
 def require_root() -> None:
     if os.geteuid() != 0:
         raise LabError("the simulated lab needs root (netns, overlayfs, mounts): run it as root")
+
+
+def spawn_server(
+    args: Sequence[str],
+    *,
+    bind: str,
+    port: int,
+    pid_file: Path,
+    server_log: Path,
+    what: str,
+    stop: Callable[[], object],
+    timeout: float = 10.0,
+) -> int:
+    """Start ``python -m ARGS`` (a lab server, with this checkout on ``PYTHONPATH``) in its own
+    session, its output appended to ``server_log``; write ``pid_file`` and return the PID once
+    ``bind:port`` accepts connections. Raise RuntimeError (after ``stop()``) when it exits or
+    does not listen within ``timeout`` seconds."""
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    server_log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with open(server_log, "a") as errlog:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], stdin=subprocess.DEVNULL, stdout=errlog,
+            stderr=errlog, env=env, start_new_session=True,
+        )  # fmt: skip
+    pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited (rc={proc.returncode}); see {server_log}")
+        try:
+            with socket.create_connection((bind, port), timeout=0.5):
+                return proc.pid
+        except OSError:
+            time.sleep(0.05)
+    stop()
+    raise RuntimeError(f"{what} did not start listening on {bind}:{port}")
