@@ -143,3 +143,66 @@ def test_setup_compiles_what_a_pyinfra_run_imports(tmp_path):
         if not fresh:
             stale.append(str(source.relative_to(tmp_path)))
     assert not stale, stale
+
+
+def test_building_the_package_needs_only_setuptools():
+    """``pip install .`` on a controller builds a 100 KB wheel: nothing heavier (pyarrow was a
+    build requirement once: 55 MB downloaded for every install)."""
+    import tomllib
+
+    build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    assert build["build-backend"] == "setuptools.build_meta"
+    assert [re.split(r"[<>=!~ ]", r, maxsplit=1)[0] for r in build["requires"]] == ["setuptools"]
+
+
+def test_controller_setup_installs_no_lab_package_and_no_dev_tool(tmp_path):
+    """``make setup`` (a real controller) runs no apt-get and no dev extras; ``make test`` and
+    ``make demo`` set up the lab's packages and the dev tools as well."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    make = ["make", "-n", "-f", str(REPO / "Makefile"), f"ROOT={tmp_path}",
+            f"VENV={tmp_path}/venv", f"PY={sys.executable}"]  # fmt: skip
+    controller = subprocess.run([*make, "setup"], capture_output=True, text=True)
+    assert controller.returncode == 0, controller.stderr
+    assert "pip install" in controller.stdout, controller.stdout  # the venv's install is planned
+    for word in ("apt-get", "dpkg-query", "[dev]", "mmdebstrap"):
+        assert word not in controller.stdout, (word, controller.stdout)
+    lab = subprocess.run([*make, "lab-setup"], capture_output=True, text=True)
+    assert "dpkg-query" in lab.stdout and "[dev]" in lab.stdout, lab.stdout
+    for target in ("demo", "test", "lint", "lab-up", "bench"):
+        rule = re.search(rf"^{target}: (.*)$", (REPO / "Makefile").read_text(), re.M)
+        assert rule and "lab-setup" in rule[1].split(), target
+
+
+def test_setup_refuses_a_python_older_than_3_10(tmp_path):
+    """Ubuntu 20.04's python3 is 3.8: ``make setup`` says so and how to give another one."""
+    old = tmp_path / "python3"
+    old.write_text("#!/bin/sh\ncase \"$1\" in -V) echo 'Python 3.8.10';; *) exit 1;; esac\n")
+    old.chmod(0o755)
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    proc = subprocess.run(
+        ["make", "-s", "-f", str(REPO / "Makefile"), f"ROOT={tmp_path}", f"VENV={tmp_path}/venv",
+         f"PY={tmp_path}/venv/bin/python", f"SYSTEM_PYTHON={old}", "setup"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "Python 3.8.10" in proc.stderr and "SYSTEM_PYTHON=" in proc.stderr, proc.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_controller_lock_pins_every_dependency_with_its_hashes():
+    """``requirements-controller.txt``: every ``[project]`` dependency pinned to a version its
+    range accepts, every line hashed (pip's --require-hashes refuses a line without)."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    text = (REPO / "requirements-controller.txt").read_text()
+    hashes = r"((?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)"
+    entries = re.findall(r"^([a-z0-9-]+)==(\S+) \\\n" + hashes, text, re.M)
+    body = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(body) == sum(1 + e[2].count("--hash") for e in entries), "an unhashed line"
+    pinned = {name: version for name, version, _ in entries}
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in map(Requirement, deps):
+        name = re.sub(r"[-_.]+", "-", dep.name).lower()
+        assert name in pinned, f"{dep} is not in the controller lock"
+        assert dep.specifier.contains(pinned[name]), (str(dep), pinned[name])
