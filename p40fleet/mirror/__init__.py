@@ -1,0 +1,17 @@
+"""A fleet's own mirror: build it from the pins and the locks, check it, serve it (issue 27).
+
+``python -m p40fleet.mirror build DIR [--inventory INV]`` fetches what the fleet's specs need,
+each file checked against its pinned sha256 before it lands in ``DIR``; ``verify DIR`` checks
+``DIR`` against its manifest; ``serve DIR --bind ADDR:PORT`` serves it with byte ranges. Layout
+(what ``stack["mirror"]`` points at)::
+
+    DIR/artifacts/FILENAME          driver, CUDA, cuDNN, Miniconda, training archives
+    DIR/simple/NAME/FILE            PEP 503 index of every locked wheel/sdist (+ index.html)
+    DIR/git/NAME.git                bare mirrors holding the pinned commits (dumb HTTP)
+    DIR/manifest.json               every file: kind, name, url fetched from, sha256, size
+"""
+
+from p40fleet.mirror.build import MirrorError, Need, build, needs_for
+from p40fleet.mirror.manifest import Manifest, verify
+
+__all__ = ["Manifest", "MirrorError", "Need", "build", "needs_for", "verify"]

@@ -1,0 +1,150 @@
+"""``python -m p40fleet.mirror build DIR [--inventory INV] [--index-url URL ...] [--base-url URL]
+| verify DIR | serve DIR --bind ADDR:PORT [--access-log FILE]``.
+
+Exit codes as the verify CLI's: 0 done / every file matches, 1 something could not be fetched
+or does not match (each named), 2 a usage error or a spec that does not validate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+
+from p40fleet.mirror.build import MirrorError, build, merge, needs_for, stack_block
+from p40fleet.mirror.manifest import Manifest, verify
+from p40fleet.mirror.serve import serve
+from p40fleet.report import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from p40fleet.spec.errors import SpecError
+from p40fleet.spec.load import load_spec
+from p40fleet.spec.pins import PYPI_SIMPLE, StackSpec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def specs_of(inventory: str | None) -> list[StackSpec]:
+    """The validated spec of every inventory host (one spec per distinct set of settings);
+    without an inventory, ``inventories/group_data/all.py``'s ``stack``."""
+    if inventory is None:
+        group = REPO / "inventories/group_data/all.py"
+        stack = runpy.run_path(str(group)).get("stack", {}) if group.is_file() else {}
+        return [load_spec("group_data/all.py", stack)]
+    from pyinfra.api import Config, State
+    from pyinfra.context import ctx_config, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    from p40fleet.spec.load import spec_for_host
+
+    path = Path(inventory).resolve()
+    if not path.is_file():
+        raise SpecError("controller", "--inventory", inventory, "expected an inventory file")
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)  # as the CLIs run pyinfra: group_data and relative paths from the repo
+        with ctx_config.use(Config()), ctx_state.use(State()):
+            hosts = list(make_inventory(str(path), cwd=str(REPO)))
+            specs = [spec_for_host(host) for host in hosts]
+    finally:
+        os.chdir(cwd)
+    unique: list[StackSpec] = []
+    for spec in specs:
+        if spec not in unique:
+            unique.append(spec)
+    return unique
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r}: expected ADDR:PORT, e.g. 10.0.0.5:8111")
+    return host.strip("[]"), int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m p40fleet.mirror", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="fetch what the fleet needs into DIR, each file checked")
+    b.add_argument("dir", type=Path)
+    b.add_argument("--inventory", help="build for this inventory's hosts (their specs)")
+    b.add_argument("--index-url", action="append", dest="indexes", metavar="URL",
+                   help="PEP 503 index to find locked files on (repeat; default: PyPI, then "
+                   "the spec's torch index)")  # fmt: skip
+    b.add_argument("--git-base-url", metavar="URL",
+                   help="clone the git pins from URL/NAME.git instead of their remote")  # fmt: skip
+    b.add_argument("--base-url", default="http://MIRROR:8111",
+                   help="where the mirror will be served (for the stack block)")  # fmt: skip
+    b.add_argument("--quiet", action="store_true", help="no progress lines")
+    v = sub.add_parser("verify", help="check DIR against its manifest (every file hashed)")
+    v.add_argument("dir", type=Path)
+    s = sub.add_parser("serve", help="serve DIR over HTTP with byte ranges")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--bind", type=_address, required=True, metavar="ADDR:PORT")
+    s.add_argument("--access-log", type=Path)
+    return parser
+
+
+def _build(args: argparse.Namespace) -> int:
+    try:
+        specs = specs_of(args.inventory)
+        needs = merge(n for spec in specs for n in needs_for(spec, args.git_base_url))
+    except SpecError as exc:
+        print(f"mirror build: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MirrorError as exc:
+        print(f"mirror build: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    indexes = args.indexes or list(dict.fromkeys([PYPI_SIMPLE, *(str(s.torch.index_url)
+                                                                 for s in specs)]))  # fmt: skip
+    started = time.monotonic()
+    try:
+        result = build(args.dir, needs, indexes=indexes, progress=not args.quiet)
+        problems = []
+    except MirrorError as exc:
+        result, problems = exc.result, str(exc).splitlines()
+    manifest = result.manifest if result else Manifest.load(args.dir)
+    fetched = result.fetched if result else {}
+    print(f"mirror {args.dir}: {len(needs)} pinned items for {len(specs)} spec(s), "
+          f"{time.monotonic() - started:.1f} s")  # fmt: skip
+    for kind, (files, size) in sorted(manifest.summary().items()):
+        got, moved = fetched.get(kind, (0, 0))
+        print(f"  {kind:9} {files:5} files {size / 1e6:10.1f} MB   fetched now: {got} "
+              f"({moved / 1e6:.1f} MB)")  # fmt: skip
+    if problems:
+        for line in problems:
+            print(f"  MISSING {line}", file=sys.stderr)
+        print("mirror build: incomplete; fix the above and run it again (what it got is kept)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_FAIL
+    print('stack["mirror"] = ' + json.dumps(stack_block(args.base_url), indent=4))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "build":
+        return _build(args)
+    if args.command == "verify":
+        try:
+            problems, checked = verify(args.dir)
+        except ValueError as exc:
+            print(f"mirror verify: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        for line in problems:
+            print(f"FAIL {line}")
+        print(f"mirror {args.dir}: {checked} entries, {len(problems)} problem(s)")
+        return EXIT_FAIL if problems else EXIT_OK
+    bind, port = args.bind
+    print(f"serving {args.dir} on http://{bind}:{port}/ (Ctrl-C stops)", flush=True)
+    try:
+        serve(args.dir, bind, port, access_log=args.access_log)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

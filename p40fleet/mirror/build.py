@@ -1,0 +1,281 @@
+"""What a fleet's specs need from upstream, and fetching it into a mirror dir, each byte checked.
+
+:func:`needs_for` reads one validated spec: its four artifacts and training archives (by their
+pinned sha256), every line of the hash-locked files the deploy installs (the torch lock as the
+torch step renders it, the verl requirements lock: by each line's ``--hash``), and the git pins
+(verl, Apex: by commit). :func:`build` fetches what the mirror lacks; a second build fetches
+nothing. The wheel set is the hosts' (the locks name the exact files the hosts install), never
+the controller's.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from p40fleet import hashlock, preflight
+from p40fleet.mirror.fetch import FetchError, fetch, sha256_of
+from p40fleet.mirror.index import IndexFile, project_files
+from p40fleet.mirror.manifest import Entry, Manifest, has_commit
+from p40fleet.spec.pins import ARTIFACTS, GIT_PINS, PYPI_SIMPLE, StackSpec
+
+
+class MirrorError(RuntimeError):
+    """What the build could not get (every problem, one per line); what it got is kept
+    (``result``: the build's record, when a build raised it)."""
+
+    result: BuildResult | None = None
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing the fleet fetches: an artifact, a locked wheel/sdist, or a git pin."""
+
+    kind: str  # artifact | wheel | git
+    name: str  # artifact: file name; wheel: canonical name==version; git: repo name
+    url: str | None = None  # artifact, git: upstream; wheel: found on the indexes
+    hashes: tuple[str, ...] = ()  # artifact: (sha256,); wheel: the lock line's sums
+    size: int | None = None
+    commit: str | None = None
+
+    @property
+    def project(self) -> str:
+        return self.name.split("==", 1)[0]
+
+
+def needs_for(spec: StackSpec, git_base_url: str | None = None) -> list[Need]:
+    """Everything ``spec``'s hosts fetch: raises MirrorError when a lock cannot serve it.
+    ``git_base_url``: clone the git pins from ``URL/NAME.git`` (a forge of yours, or the lab's
+    stand-in for GitHub), not from their ``remote``."""
+    needs = []
+    for name in ARTIFACTS:
+        artifact = getattr(spec, name)
+        needs.append(Need("artifact", artifact.filename, str(artifact.url), (artifact.sha256,),
+                          artifact.size))  # fmt: skip
+    for which in ("model", "data"):
+        archive = getattr(spec.training, which).archive
+        if archive is not None and archive.url is not None:
+            needs.append(Need("artifact", archive.filename, str(archive.url), (archive.sha256,),
+                              archive.size))  # fmt: skip
+    torch_text, problems = preflight.torch_lock(spec)
+    if problems:
+        raise MirrorError(f"{preflight.torch_lock_path(spec)}: " + "; ".join(problems))
+    verl_lock = preflight.verl_requirements_path(spec)
+    try:
+        verl_text = verl_lock.read_text()
+    except OSError as exc:
+        raise MirrorError(f"{verl_lock}: cannot read it ({exc.strerror})") from None
+    for line in hashlock.parse(torch_text) + hashlock.parse(verl_text):
+        if not line.hashes or line.version is None:
+            raise MirrorError(f"lock line {line.requirement!r} has no ==version and sha256")
+        needs.append(Need("wheel", f"{line.name}=={line.version}", hashes=line.hashes))
+    for name in GIT_PINS:
+        pin = getattr(spec, name)
+        remote = f"{git_base_url.rstrip('/')}/{name}.git" if git_base_url else str(pin.remote)
+        needs.append(Need("git", name, remote, commit=pin.commit))
+    return needs
+
+
+def merge(needs: Iterable[Need]) -> list[Need]:
+    """One of each; two specs that pin one name differently are an error (one mirror path)."""
+    seen: dict[tuple[str, str], Need] = {}
+    clashes = []
+    for need in needs:
+        key = (need.kind, need.name)
+        other = seen.setdefault(key, need)
+        if other != need and (other.hashes, other.commit) != (need.hashes, need.commit):
+            clashes.append(f"{need.kind} {need.name}: pinned as {other.hashes or other.commit} "
+                           f"and as {need.hashes or need.commit}")  # fmt: skip
+    if clashes:
+        raise MirrorError("\n".join(clashes))
+    return list(seen.values())
+
+
+@dataclass
+class BuildResult:
+    manifest: Manifest
+    fetched: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind: (files, bytes)
+    problems: list[str] = field(default_factory=list)
+
+    def count(self, kind: str, moved: int) -> None:
+        files, size = self.fetched.get(kind, (0, 0))
+        self.fetched[kind] = (files + 1, size + moved)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _kept(manifest: Manifest, path: str, hashes: Sequence[str], target: Path) -> bool:
+    """Already in the mirror: recorded with one of ``hashes``, still that size and that sum
+    (hashed again: a flipped byte is fetched again, not served; ~2 s per GB here)."""
+    entry = manifest.entries.get(path)
+    return (
+        entry is not None
+        and entry.sha256 in hashes
+        and target.is_file()
+        and target.stat().st_size == entry.size
+        and sha256_of(target) == entry.sha256
+    )
+
+
+def build(
+    mirror: Path,
+    needs: Sequence[Need],
+    *,
+    indexes: Sequence[str] = (PYPI_SIMPLE,),
+    progress: bool = True,
+) -> BuildResult:
+    """Fetch into ``mirror`` what it lacks of ``needs``; write the PEP 503 pages and the
+    manifest. Every problem is collected (the rest is still fetched) and raised at the end."""
+    mirror.mkdir(parents=True, exist_ok=True)
+    result = BuildResult(Manifest.load(mirror))
+    pages: dict[tuple[str, str], list[IndexFile]] = {}
+    for need in needs:
+        try:
+            if need.kind == "artifact":
+                _artifact(mirror, need, result, progress)
+            elif need.kind == "wheel":
+                _wheel(mirror, need, result, indexes, pages, progress)
+            elif need.kind == "git":
+                _git(mirror, need, result)
+            else:
+                raise MirrorError(f"unknown kind {need.kind!r}")
+        except (FetchError, MirrorError) as exc:
+            result.problems.append(f"{need.kind} {need.name}: {exc}")
+        result.manifest.save(mirror)  # what is done stays done: a re-run resumes
+    _write_index(mirror, result.manifest)
+    if result.problems:
+        error = MirrorError("\n".join(result.problems))
+        error.result = result
+        raise error
+    return result
+
+
+def _artifact(mirror: Path, need: Need, result: BuildResult, progress: bool) -> None:
+    path = f"artifacts/{need.name}"
+    target = mirror / path
+    if _kept(result.manifest, path, need.hashes, target):
+        return
+    if target.is_file() and sha256_of(target) == need.hashes[0]:
+        moved = 0  # put there by hand (or an older build): checked, recorded
+    else:
+        _log(f"fetching {need.url}")
+        moved = fetch(need.url or "", target, need.hashes[0], size=need.size, progress=progress)
+        result.count("artifact", moved)
+    result.manifest.add(Entry("artifact", need.name, path, need.url or "", need.hashes[0],
+                              target.stat().st_size))  # fmt: skip
+
+
+def _wheel(
+    mirror: Path,
+    need: Need,
+    result: BuildResult,
+    indexes: Sequence[str],
+    pages: dict[tuple[str, str], list[IndexFile]],
+    progress: bool,
+) -> None:
+    for entry in result.manifest.entries.values():
+        if entry.kind == "wheel" and entry.name == need.name and entry.sha256 in need.hashes:
+            if _kept(result.manifest, entry.path, need.hashes, mirror / entry.path):
+                return
+    tried = []
+    for index in indexes:
+        key = (index, need.project)
+        if key not in pages:
+            pages[key] = project_files(index, need.project)
+        match = next((f for f in pages[key] if f.sha256 in need.hashes), None)
+        tried.append(index)
+        if match is None:
+            continue
+        path = f"simple/{need.project}/{match.filename}"
+        target = mirror / path
+        _log(f"fetching {match.url}")
+        moved = fetch(match.url, target, match.sha256, progress=progress)
+        result.count("wheel", moved)
+        result.manifest.add(Entry("wheel", need.name, path, match.url, match.sha256,
+                                  target.stat().st_size))  # fmt: skip
+        return
+    raise MirrorError(
+        f"no index serves a file with the lock's sha256 ({', '.join(need.hashes)}); tried "
+        f"{', '.join(tried)} — fix: add the index that has it (--index-url), or regenerate the lock"
+    )
+
+
+def _git(mirror: Path, need: Need, result: BuildResult) -> None:
+    path = f"git/{need.name}.git"
+    target = mirror / path
+    commit = need.commit or ""
+    if target.is_dir() and has_commit(target, commit):
+        entry = result.manifest.entries.get(path)
+        if entry is not None and entry.commit == commit:
+            return
+    elif target.is_dir():
+        _log(f"fetching {need.url} into {path}")
+        _run(["git", "--git-dir", str(target), "fetch", "--prune", "origin"], need)
+        result.count("git", 0)
+    else:
+        _log(f"cloning {need.url} into {path}")
+        partial = target.with_name(target.name + ".part")
+        shutil.rmtree(partial, ignore_errors=True)
+        _run(["git", "clone", "--quiet", "--mirror", need.url or "", str(partial)], need)
+        if not has_commit(partial, commit):
+            shutil.rmtree(partial, ignore_errors=True)
+            raise MirrorError(f"{need.url} has no commit {commit} (pinned): not kept")
+        partial.rename(target)
+        result.count("git", 0)
+    if not has_commit(target, commit):
+        raise MirrorError(f"{need.url} has no commit {commit} (pinned)")
+    _run(["git", "--git-dir", str(target), "update-server-info"], need)  # dumb HTTP
+    result.manifest.add(Entry("git", need.name, path, need.url or "", commit=commit))
+
+
+def _run(command: list[str], need: Need) -> None:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise MirrorError(f"{' '.join(command[:3])} … failed: {proc.stderr.strip()[-500:]}")
+
+
+def _write_index(mirror: Path, manifest: Manifest) -> None:
+    """PEP 503 pages under ``simple/`` for the wheels the manifest holds (sha256 fragments)."""
+    projects: dict[str, list[Entry]] = {}
+    for entry in manifest.entries.values():
+        if entry.kind == "wheel":
+            projects.setdefault(canonicalize_name(entry.name.split("==")[0]), []).append(entry)
+    root = mirror / "simple"
+    if not projects:
+        return
+    root.mkdir(exist_ok=True)
+    links = []
+    for project in sorted(projects):
+        files = sorted(projects[project], key=lambda e: e.path)
+        anchors = "".join(
+            f'<a href="{html.escape(Path(e.path).name)}#sha256={e.sha256}">'
+            f"{html.escape(Path(e.path).name)}</a><br>\n"
+            for e in files
+        )
+        (root / project).mkdir(exist_ok=True)
+        (root / project / "index.html").write_text(
+            f"<!DOCTYPE html>\n<html><body>\n{anchors}</body></html>\n"
+        )
+        links.append(f'<a href="{project}/">{project}</a><br>\n')
+    (root / "index.html").write_text(
+        "<!DOCTYPE html>\n<html><body>\n" + "".join(links) + "</body></html>\n"
+    )
+
+
+def stack_block(base_url: str) -> dict[str, str]:
+    """The ``stack["mirror"]`` settings that point a fleet at this mirror served at base_url."""
+    base = base_url.rstrip("/")
+    return {
+        "artifacts_url": f"{base}/artifacts",
+        "pip_index_url": f"{base}/simple",
+        "git_base_url": f"{base}/git",
+    }
