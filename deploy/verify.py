@@ -33,7 +33,7 @@ from operations.refuse import refuse
 from p40fleet import preflight, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import smoke
-from p40fleet.verification.check import FAIL, Check, spec_failure
+from p40fleet.verification.check import FAIL, Check, simulated_in_inventory, spec_failure
 
 _RESULTS_ATTR = "p40fleet_verify_results"
 _PRINTED_ATTR = "p40fleet_verify_printed"
@@ -43,14 +43,15 @@ def verify_host(spec: StackSpec) -> list[Check]:
     """Probe this host once (a fact: read-only) and run every check; with ``verify_smoke`` in
     the host data, one PPO step after them (``smoke step``)."""
     gpus = list(ask(host, PciGpus))
+    sim = simulated_in_inventory(host.data)  # the inventory's word, never the host's disk
     target = None
     try:
         target = training.training_target(spec)  # the launch plan the script has
         answers = ask(host, VerifyProbe, targets=verification.probe_targets(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
-        return verification.checks_for(spec, gpus, None, problem, target)
-    checks = verification.checks_for(spec, gpus, answers, target=target)
+        return verification.checks_for(spec, gpus, None, problem, target, sim)
+    checks = verification.checks_for(spec, gpus, answers, target=target, simulated=sim)
     if smoke.requested(host.data.get(smoke.SMOKE_DATA)):
         checks.append(smoke_step(spec, target, checks))
     return checks
@@ -74,6 +75,7 @@ def smoke_step(spec: StackSpec, target, checks: list[Check]) -> Check:
         verl_ref=spec.verl.ref,
         gpus=gpus,
         timeout_s=timeout_s,
+        simulated=simulated_in_inventory(host.data),
     )
     run = ask(host, SmokeStep, targets=targets)
     return smoke.smoke_check(

@@ -24,14 +24,20 @@ __all__ = ["RAY_PORT", "SMOKE_TEMPLATE", "SmokeStep", "SmokeTargets", "render_jo
 
 
 def render_smoke(targets: SmokeTargets) -> str:
-    """The whole command: root tests whether the host is simulated, the training user runs the
-    job (never root: the launch script, the env and the checkout are the user's)."""
+    """The whole command: root tests whether the host is simulated (only on a host the
+    inventory marks so: elsewhere the lab's marker is ignored), the training user runs the job
+    (never root: the launch script, the env and the checkout are the user's)."""
     if not targets.user:
         raise ValueError("no training user given: the smoke step never runs as root")
     u = shlex.quote(targets.user)
+    sim = (
+        f"if {SIMULATED_HOST_TEST}; then p40fleet_sim=yes; else p40fleet_sim=no; fi"
+        if targets.simulated
+        else "p40fleet_sim=no"
+    )
     return (
         f"{AS_USER_FN}\n"
-        f"if {SIMULATED_HOST_TEST}; then p40fleet_sim=yes; else p40fleet_sim=no; fi\n"
+        f"{sim}\n"
         f"if id -u {u} >/dev/null 2>&1; then "
         f'p40fleet_as {u} sh -c {shlex.quote(render_job(targets))} sh "$p40fleet_sim"; '
         f"else echo '@@p40fleet-smoke 1'; echo 'launch=absent'; echo '@@end'; fi; true"

@@ -37,6 +37,8 @@ SMI_FIELDS_R470 = "index,name,pci.bus_id,pci.device_id,driver_version"
 #: modules, Hydra's compose and the tokenizer share that interpreter).
 PYTHON_TIMEOUT_S = 300
 #: A shell test that holds on a host of the simulated lab (p40lab), whose GPU answers are doubles.
+#: Its answer (``sim=yes``) counts only on a host the inventory marks simulated
+#: (``p40fleet.verification.check.simulated_in_inventory``); elsewhere it is a FAIL.
 SIMULATED_HOST_TEST = "[ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]"
 
 

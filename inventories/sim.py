@@ -14,7 +14,8 @@ agent, no ~/.ssh keys. ``P40LAB_SSH_USER=admin`` connects as the lab's non-root 
 with ``_sudo`` (a NOPASSWD rule, as a dedicated deploy account has); ``admin-pw``'s sudo asks
 its password: ``P40LAB_SUDO_PASSWORD`` becomes ``_sudo_password`` (the lab keeps it in
 ``p40lab.disks.sudo_password_file()``).
-Host data: ``gpu_layout`` and ``sim_os`` for information, and ``stack`` =
+Host data: ``gpu_layout`` and ``sim_os`` for information, ``p40lab_sim`` (the only thing that
+makes a host "simulated": its GPU checks SKIP; ``p40fleet.verification.check``), and ``stack`` =
 ``inventories/group_data/all.py``'s ``stack`` deep-merged with the lab's overrides (the doubles'
 sums, the mirror, the base image's python, the lab's torch, ``training``: the lab's own tiny
 model and GSM8K-format data archives with their sums, ``p40lab.training_data``:
@@ -140,6 +141,7 @@ sim = [
             ssh_hostname=h["ip"],
             gpu_layout=h["layout"],
             sim_os=h["os"],
+            p40lab_sim=True,  # a simulated host: its GPU checks SKIP (never read from its disk)
             stack=copy.deepcopy(_stack),
             stack_host=_stack_host(h["name"], _overrides),
         )

@@ -2,31 +2,44 @@
 
 ``mirror`` writes ``/etc/apt/sources.list.d/p40fleet-mirror.list`` (and ships the repository's
 ``signed-by`` key to ``/etc/apt/keyrings/``). On an air-gapped host (``stack.mirror.air_gapped``)
-it also moves the distribution's own source files to ``/etc/apt/p40fleet-aside/``: apt would
-otherwise try the unreachable archive on every ``apt-get update`` and fail (exit 100). They are
-moved, not deleted: ``mv /etc/apt/p40fleet-aside/* back`` restores them once the host has a
-route out. ``apt-get update`` runs only when something here changed.
+it also moves the distribution's own source files to ``/etc/apt/p40fleet-aside/``, each under
+its own path (``p40fleet-aside/sources.list``, ``p40fleet-aside/sources.list.d/cuda.list``): apt
+would otherwise try the unreachable archive on every ``apt-get update`` and fail (exit 100).
+They are moved, not deleted, and a run with ``air_gapped: False`` moves every one back to where
+it came from (one whose place is taken again is left aside, with a note). Both ways are decided
+from what the fact sees on the host, so a second run changes nothing. ``apt-get update`` runs
+only when something here changed.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from facts.apt_source import APT_DIR, MIRROR_KEY_DIR, MIRROR_LIST, AptSources
+from facts.apt_source import (
+    APT_DIR,
+    ASIDE_DIR,
+    MIRROR_KEY_DIR,
+    MIRROR_LIST,
+    AptSources,
+    aside_origin,
+)
 from facts.survey import ask
 from operations import apt_lock
 from p40fleet import controller
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy
 
-__all__ = ["ASIDE_DIR", "key_dest", "mirror", "source_line"]
+__all__ = ["ASIDE_DIR", "aside_path", "key_dest", "mirror", "source_line"]
 
-#: Where an air-gapped host's own source files are moved (outside sources.list.d: apt ignores it).
-ASIDE_DIR = f"{APT_DIR}/p40fleet-aside"
+
+def aside_path(path: str) -> str:
+    """Where ``path`` (``/etc/apt/sources.list``, ``/etc/apt/sources.list.d/X``) goes aside."""
+    return f"{ASIDE_DIR}/{path.removeprefix(APT_DIR + '/')}"
 
 
 def key_dest(key_file: str) -> str:
@@ -67,8 +80,9 @@ def mirror(
     + suite: e.g. ``focal``, or ``./`` for a flat repository
     + components: e.g. ``["main"]``; none for a flat repository
     + key_file: the repository's key on the controller (shipped as ``signed-by``)
-    + trusted: apt's ``[trusted=yes]`` (no signature check); only when the spec says so
-    + air_gapped: move the other source files to ASIDE_DIR
+    + trusted: apt's ``[trusted=yes]`` (no signature check); only when the spec says so. Over
+      http that lets whoever is on the network path choose the packages root installs
+    + air_gapped: move the other source files to ASIDE_DIR (False: move them back)
     + extra_suites: more suites of the same repository (one line each), e.g. ``focal-updates``
     + proxy: ``stack.proxy`` for ``apt-get update`` (None: no proxy)
     + lock_wait_s: how long ``apt-get update`` waits for the dpkg lock
@@ -100,12 +114,34 @@ def mirror(
         yield StringCommand("chmod 644", QuoteString(MIRROR_LIST))
         changed.append(MIRROR_LIST)
     if air_gapped and state.others:
-        yield StringCommand("mkdir -p", QuoteString(ASIDE_DIR))
+        dirs = sorted({posixpath.dirname(aside_path(path)) for path in state.others})
+        yield StringCommand("mkdir -p", *(QuoteString(d) for d in dirs))
         for path in state.others:
             # numbered backups: a source moved aside twice (restored, then moved again) is kept
-            yield StringCommand("mv --backup=numbered", QuoteString(path), QuoteString(ASIDE_DIR))
+            yield StringCommand(
+                "mv --backup=numbered -T", QuoteString(path), QuoteString(aside_path(path))
+            )
         host.log(f"air-gapped: moved {', '.join(state.others)} to {ASIDE_DIR}")
         changed.append("distribution sources moved aside")
+    if not air_gapped and state.aside:
+        free = [rel for rel, is_free in state.aside if is_free]
+        if free:
+            dirs = sorted({posixpath.dirname(aside_origin(rel)) for rel in free})
+            yield StringCommand("mkdir -p", *(QuoteString(d) for d in dirs))
+        for rel in free:
+            yield StringCommand(
+                "mv -T", QuoteString(f"{ASIDE_DIR}/{rel}"), QuoteString(aside_origin(rel))
+            )
+        if free:
+            where = ", ".join(aside_origin(rel) for rel in free)
+            host.log(f"not air-gapped: moved {where} back from {ASIDE_DIR}")
+            changed.append("distribution sources restored")
+        for rel, is_free in state.aside:
+            if not is_free:
+                host.log(
+                    f"not air-gapped: {ASIDE_DIR}/{rel} stays aside: {aside_origin(rel)} exists "
+                    "again (compare them and remove the one you do not want)"
+                )
     if not changed:
         host.noop(f"apt uses the mirror {url} {suite}".rstrip())
         return

@@ -43,7 +43,7 @@ from p40fleet.ray import (
     save_members,
 )
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
-from p40fleet.verification.check import FAIL, Check
+from p40fleet.verification.check import FAIL, Check, simulated_in_inventory
 from p40fleet.verification.ray_checks import left_out_checks, ray_checks
 
 __all__ = [
@@ -229,4 +229,5 @@ def verify_checks(spec: StackSpec) -> list[Check]:
         nodes=expected_nodes(spec, members),
         pci_gpus=pci,
         ray_gpus=pci if members.trains(host.name) else 0,  # a head that does not train: 0
+        simulated=simulated_in_inventory(host.data),
     )

@@ -14,8 +14,9 @@ Release: a pyinfra state callback removes the lock when this host's last operati
 as soon as one of its operations fails (pyinfra runs nothing more on a failed host). A deploy
 that is included never releases mid-run: only the end of the host's operations does. A run
 killed outright (SIGKILL, a lost controller) leaves its lock: the next run on that controller
-sees its pid gone and takes it over; another controller, after a reboot of the host or after
-``MAX_AGE_S``.
+(the same ``controller_id``, ``p40fleet.controller``) sees its pid gone and takes it over;
+another controller, ``BOOT_GRACE_S`` after a reboot of the host or after ``MAX_AGE_S`` by the
+host's clock.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from datetime import datetime, timezone
 
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
@@ -32,7 +32,7 @@ from pyinfra.api.state import BaseStateCallback
 
 from facts.run_lock import RunLock
 from facts.survey import ask
-from p40fleet import run_lock
+from p40fleet import controller, run_lock
 from p40fleet.run_lock import DEFAULT_PATH, Holder
 
 __all__ = [
@@ -57,13 +57,23 @@ def lock_path() -> str:
 
 
 def this_run() -> Holder:
-    """This run's holder for the current host (run id and start fixed once per pyinfra run)."""
-    run = getattr(state, _RUN_ATTR, None)
+    """This run's holder for the current host (run id and controller id fixed once per run)."""
+    return _holder(state, host.name)
+
+
+def _holder(target_state, host_name: str) -> Holder:
+    run = getattr(target_state, _RUN_ATTR, None)
     if run is None:
-        since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        run = (run_lock.new_run_id(), since)
-        setattr(state, _RUN_ATTR, run)
-    return Holder(socket.gethostname(), os.getpid(), run[0], host.name, run[1])
+        run = (run_lock.new_run_id(), controller.controller_id())
+        setattr(target_state, _RUN_ATTR, run)
+    return Holder(socket.gethostname(), os.getpid(), run[0], host_name, controller_id=run[1])
+
+
+def _decide(seen, me: Holder) -> run_lock.Decision:
+    """The rules (``p40fleet.run_lock.decide``) on the host's answers: its clock, its boot."""
+    return run_lock.decide(
+        seen.exists, seen.text, seen.boot_id, me, now=seen.now, uptime_s=seen.uptime_s
+    )
 
 
 def _set(attr: str) -> set[str]:
@@ -103,7 +113,7 @@ def take(path: str = DEFAULT_PATH):
     """
     me = this_run()
     seen = ask(host, RunLock, path=path)
-    decision = run_lock.decide(seen.exists, seen.text, seen.boot_id, me)
+    decision = _decide(seen, me)
     if decision.kind == "held":
         yield _refusal(path, decision.message)
         return
@@ -145,11 +155,12 @@ def hold() -> bool:
     path = lock_path()
     take(name="Take the p40fleet run lock", path=path)
     seen = ask(host, RunLock, path=path)
-    return run_lock.decide(seen.exists, seen.text, seen.boot_id, this_run()).kind != "held"
+    return _decide(seen, this_run()).kind != "held"
 
 
 def refreshed():
-    """Commands for an operation that rebooted the host: our holder gets the new boot_id."""
+    """Commands for an operation that rebooted the host: our holder gets the new boot_id; the
+    command fails this host (exit 75) when another run took the lock over meanwhile."""
     if host.name in _set(_LOCKED_ATTR):
         yield StringCommand(run_lock.refresh_command(lock_path(), this_run()))
 
@@ -168,8 +179,7 @@ def release_for(target) -> str | None:
     if target.name not in locked:
         return None
     locked.discard(target.name)
-    run = getattr(target.state, _RUN_ATTR)
-    me = Holder(socket.gethostname(), os.getpid(), run[0], target.name, run[1])
+    me = _holder(target.state, target.name)
     return run_lock.release_command(str(target.data.get(PATH_KEY) or DEFAULT_PATH), me)
 
 
@@ -191,8 +201,7 @@ class _Release(BaseStateCallback):
             return
         locked.discard(host.name)
         arguments = state.get_op_data_for_host(host, op_hash).global_arguments
-        me = Holder(socket.gethostname(), os.getpid(), getattr(state, _RUN_ATTR)[0], host.name,
-                    getattr(state, _RUN_ATTR)[1])  # fmt: skip
+        me = _holder(state, host.name)
         path = str(host.data.get(PATH_KEY) or DEFAULT_PATH)
         try:
             host.run_shell_command(

@@ -28,7 +28,7 @@ from p40fleet import apex_build, report
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
 from p40fleet.verification import TABLE_ENV
-from p40fleet.verification.check import FAIL, Check, host_verdict
+from p40fleet.verification.check import FAIL, Check, host_verdict, simulated_in_inventory
 from p40fleet.verification.probe import ProbeTargets
 from p40fleet.verification.run import run_checks
 from p40fleet.verl_patches import RECORD_NAME
@@ -70,14 +70,17 @@ def checks_for(
     answers: Any,
     problem: str | None = None,
     target: TrainingTarget | None = None,
+    simulated: bool = False,
 ) -> list[Check]:
-    """Every check for one host from its probe answers (None: the probe could not run)."""
+    """Every check for one host from its probe answers (None: the probe could not run).
+    ``simulated``: its inventory marks it a simulated lab's (``simulated_in_inventory``)."""
     checks = run_checks(
         answers if answers is not None else VerifyProbe.default(),
         spec,
         gpus,
         apex_key=expected_apex_key(spec, gpus),
         training=target,
+        simulated=simulated,
     )
     if answers is None:
         checks = [
@@ -145,6 +148,7 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
     run's lock on it is released by the same command (``run_lock.defer_release``)."""
     fact = VerifyProbe()
     gpus = list(ask(target, PciGpus))  # live after a change in this run, else its survey's
+    sim = simulated_in_inventory(target.data)
     plan = None
     release = run_lock.release_for(target)
     # as the facts run: with the host's connector arguments (_sudo, _sudo_password...)
@@ -165,11 +169,11 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
                 target.run_shell_command(StringCommand(release), print_output=False, **connect)
             except Exception as lost:  # noqa: BLE001 - the lock is stale: the next run takes it
                 logger.warning(f"{target.print_prefix}run lock not released: {lost}")
-        return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}", plan)
+        return checks_for(spec, gpus, None, f"{type(exc).__name__}: {exc}", plan, sim)
     if not ok:
         why = "; ".join(output.stderr_lines[-3:]) or "no output"
-        return checks_for(spec, gpus, None, why, plan)
-    return checks_for(spec, gpus, fact.process(output.stdout_lines), target=plan)
+        return checks_for(spec, gpus, None, why, plan, sim)
+    return checks_for(spec, gpus, fact.process(output.stdout_lines), target=plan, simulated=sim)
 
 
 class _VerifyAfterLastOperation(BaseStateCallback):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 CACHE_ENV = "P40FLEET_CACHE"
+#: The controller's id for the run lock (``p40fleet.run_lock``): in the cache dir, made once.
+ID_FILE = "controller-id"
+_ID = re.compile(r"[0-9a-f]{32}")
 
 
 def cache_dir() -> Path:
@@ -21,3 +25,43 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def controller_id() -> str:
+    """Who this controller is, for the hosts' run lock: a random id (32 hex) kept in
+    :func:`cache_dir`, made on first use. Not the hostname: cloned VMs and laptops share one,
+    and a lock of a live run elsewhere would then look like a crashed run here.
+
+    Where the cache cannot be written, the id is derived from ``/etc/machine-id`` and the uid
+    instead (stable on this machine; a clone that kept its machine-id shares it)."""
+    path = cache_dir() / ID_FILE
+    for _attempt in range(2):
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            text = None
+        except OSError:
+            break
+        if text is not None and _ID.fullmatch(text):
+            return text
+        try:  # absent (or garbled): write one; of two made at once the first link wins
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{ID_FILE}.{os.getpid()}")
+            tmp.write_text(os.urandom(16).hex() + "\n")
+            os.chmod(tmp, 0o600)
+            try:
+                if text is None:
+                    os.link(tmp, path)
+                else:
+                    os.replace(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError:
+            break
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine = ""
+    return hashlib.sha256(f"{machine}:{os.getuid()}".encode()).hexdigest()[:32]

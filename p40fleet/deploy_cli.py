@@ -18,6 +18,7 @@ status (0 all hosts done, 1 a host failed; pyinfra's contract).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import runpy
 import subprocess
@@ -97,16 +98,31 @@ def _repeated_names(groups: dict[str, list]) -> list[str]:
     return problems
 
 
+def normalised_address(address: str) -> str:
+    """One spelling per machine: an IP in ``ipaddress``'s form (``2001:DB8:0:0::1`` ->
+    ``2001:db8::1``), a name lowercased without its trailing dot (``Node.lab.`` -> ``node.lab``)."""
+    text = address.strip().removeprefix("[").removesuffix("]")
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return text.lower().rstrip(".")
+
+
 def _addresses(hosts: Iterable[Any]) -> list[str]:
-    """Two hosts of the inventory at one address."""
-    at: dict[str, list[str]] = defaultdict(list)
+    """Two hosts of the inventory at one (address, SSH port): one machine listed twice. Hosts
+    behind one NAT or bastion address on different ``ssh_port``s are different machines."""
+    at: dict[tuple[str, int], list[str]] = defaultdict(list)
     for host in hosts:
-        address = str(host.data.get("ssh_hostname") or host.name).lower()
-        at[address].append(host.name)
+        address = normalised_address(str(host.data.get("ssh_hostname") or host.name))
+        try:
+            port = int(host.data.get("ssh_port") or 22)
+        except (TypeError, ValueError):
+            port = 22  # pyinfra refuses it itself, naming the host
+        at[(address, port)].append(host.name)
     return [
-        f"hosts {', '.join(names)} share the address {address}: one machine would be "
-        "provisioned twice at once"
-        for address, names in sorted(at.items())
+        f"hosts {', '.join(names)} share the address {address} port {port}: one machine would "
+        "be provisioned twice at once"
+        for (address, port), names in sorted(at.items())
         if len(names) > 1
     ]
 

@@ -5,9 +5,10 @@ replace its entry in the inventory's known_hosts only when the admin vouches for
 
 The address, port and known_hosts file come from the host's data in the inventory
 (``ssh_hostname``, ``ssh_port``, ``ssh_known_hosts_file``; defaults: the host's name, 22,
-``~/.ssh/known_hosts``). The key is read during the SSH key exchange (no login). Take the
-expected fingerprint from the host's console (``ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub``),
-never from the network path being checked.
+``~/.ssh/known_hosts``; a relative path is taken against the repository root, where the CLIs
+run pyinfra, whatever directory this is run from). The key is read during the SSH key exchange
+(no login). Take the expected fingerprint from the host's console
+(``ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub``), never from the network path being checked.
 
 Exit codes: 0 entry replaced (or already current); 1 nothing changed (declined, no confirmation,
 host unreachable, bad input); 2 the host's key does not match ``--expect`` (nothing changed).
@@ -31,6 +32,9 @@ import paramiko
 from paramiko.hostkeys import HostKeys
 
 EXIT_OK, EXIT_UNCHANGED, EXIT_MISMATCH = 0, 1, 2
+#: The repository root: ``python -m p40fleet.deploy``/``verify`` run pyinfra there, so a
+#: relative ``ssh_known_hosts_file`` (``inventories/known_hosts.lab``) names a file under it.
+REPO = Path(__file__).resolve().parent.parent
 
 
 class RekeyError(RuntimeError):
@@ -73,16 +77,22 @@ def normalize_fingerprint(text: str) -> str:
 
 
 def resolve(inventory: str, host: str) -> Target:
-    """HOST's address, port and known_hosts file from the inventory (pyinfra's own loader)."""
+    """HOST's address, port and known_hosts file from the inventory (pyinfra's own loader, run
+    from the repository root as the CLIs run it); the known_hosts path is absolute."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
+    source = os.path.abspath(inventory) if os.path.isfile(inventory) else inventory
+    cwd = os.getcwd()
     try:
+        os.chdir(REPO)
         with ctx_state.use(State()):  # an inventory file may read pyinfra's context
-            inv = make_inventory(inventory, cwd=os.getcwd())
+            inv = make_inventory(source, cwd=str(REPO))
     except Exception as exc:  # noqa: BLE001 - an inventory can fail in any way: name it
         raise RekeyError(f"inventory {inventory}: cannot load it: {exc}") from exc
+    finally:
+        os.chdir(cwd)
     found = inv.get_host(host, None)
     if found is None:
         names = ", ".join(h.name for h in inv) or "none"
@@ -93,8 +103,14 @@ def resolve(inventory: str, host: str) -> Target:
         host=host,
         address=str(data.get("ssh_hostname") or host),
         port=int(data.get("ssh_port") or 22),
-        known_hosts=Path(os.path.expanduser(str(known))),
+        known_hosts=known_hosts_path(str(known)),
     )
+
+
+def known_hosts_path(known: str) -> Path:
+    """The file pyinfra checks: ``~`` expanded, a relative path under :data:`REPO`."""
+    path = Path(os.path.expanduser(known))
+    return path if path.is_absolute() else REPO / path
 
 
 def fetch_key(target: Target, prefer: tuple[str, ...] = (), timeout: float = 10.0) -> paramiko.PKey:
@@ -156,10 +172,11 @@ def old_keys(lines: list[str], entry_name: str) -> list[tuple[int, str, str]]:
 def replaced(lines: list[str], entry_name: str, key: paramiko.PKey) -> list[str]:
     """``lines`` with the host's entries replaced by ``key``; every other line as it was.
 
-    The first entry for the host keeps its host field (other names of the same machine, or
-    its hash) and gets the new key; further entries for the host (other key types of the old
-    install) are dropped: the reinstall replaced them too. No entry: one is appended, hashed
-    when the file already hashes its names (OpenSSH's HashKnownHosts)."""
+    The first entry for the host keeps its host field (its hash) and gets the new key; further
+    entries for the host (other key types of the old install) are dropped: the reinstall
+    replaced them too. A line that also names other machines (``a,b ssh-ed25519 …``) keeps
+    them on the old key: only the host's own name moves to the new line. No entry: one is
+    appended, hashed when the file already hashes its names (OpenSSH's HashKnownHosts)."""
     new_key = f"{key.get_name()} {key.get_base64()}"
     matches = [i for i, _t, _fp in old_keys(lines, entry_name)]
     if not matches:
@@ -169,10 +186,17 @@ def replaced(lines: list[str], entry_name: str, key: paramiko.PKey) -> list[str]
         return lines + tail + [f"{name} {new_key}\n"]
     out = []
     for i, line in enumerate(lines):
-        if i == matches[0]:
-            out.append(f"{line.split()[0]} {new_key}\n")
-        elif i not in matches:
+        if i not in matches:
             out.append(line)
+            continue
+        field, rest = line.split(None, 1)
+        names = field.split(",")
+        mine = [n for n in names if _names_match(n, entry_name)]
+        others = [n for n in names if n not in mine]
+        if others:  # the other machines of this line keep their (old) key
+            out.append(f"{','.join(others)} {rest}" + ("" if rest.endswith("\n") else "\n"))
+        if i == matches[0]:
+            out.append(f"{','.join(mine)} {new_key}\n")
     return out
 
 

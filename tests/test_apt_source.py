@@ -74,17 +74,82 @@ def test_edited_or_removed_source_restored():
         assert apt_commands(result)[-1].startswith("apt-get update")
 
 
-def test_air_gapped_moves_distribution_sources_aside():
+def test_air_gapped_moves_distribution_sources_aside_keeping_their_layout():
+    """N12: each file goes aside under its own path, so where it came from is kept."""
     text = _mirror(AptSourceState()).uploads[MIRROR_LIST]
     result = _mirror(AptSourceState(mirror_list=text, others=OTHERS), air_gapped=True)
     assert result.commands == [
-        "mkdir -p /etc/apt/p40fleet-aside",
-        "mv --backup=numbered /etc/apt/sources.list /etc/apt/p40fleet-aside",
-        "mv --backup=numbered /etc/apt/sources.list.d/debian.sources /etc/apt/p40fleet-aside",
+        "mkdir -p /etc/apt/p40fleet-aside /etc/apt/p40fleet-aside/sources.list.d",
+        "mv --backup=numbered -T /etc/apt/sources.list /etc/apt/p40fleet-aside/sources.list",
+        "mv --backup=numbered -T /etc/apt/sources.list.d/debian.sources "
+        "/etc/apt/p40fleet-aside/sources.list.d/debian.sources",
         result.commands[-1],
     ]
     assert apt_commands(result)[-1].startswith("apt-get update")
     assert any("air-gapped" in line for line in result.logs)
+
+
+def test_not_air_gapped_any_more_moves_them_back():
+    """N12: air_gapped turned off: what the fact sees aside goes back where it came from (a
+    bare name of the earlier flat layout came from sources.list.d); a place taken again keeps
+    its file and the aside copy stays, with a note; nothing aside: nothing to do."""
+    text = _mirror(AptSourceState()).uploads[MIRROR_LIST]
+    aside = (("sources.list", True), ("sources.list.d/cuda.list", True), ("old.list", True),
+             ("sources.list.d/debian.sources", False))  # fmt: skip
+    result = _mirror(AptSourceState(mirror_list=text, aside=aside))
+    assert result.commands == [
+        "mkdir -p /etc/apt /etc/apt/sources.list.d",
+        "mv -T /etc/apt/p40fleet-aside/sources.list /etc/apt/sources.list",
+        "mv -T /etc/apt/p40fleet-aside/sources.list.d/cuda.list /etc/apt/sources.list.d/cuda.list",
+        "mv -T /etc/apt/p40fleet-aside/old.list /etc/apt/sources.list.d/old.list",
+        result.commands[-1],
+    ]
+    assert apt_commands(result)[-1].startswith("apt-get update")
+    assert any("stays aside" in line and "debian.sources" in line for line in result.logs)
+    taken = _mirror(AptSourceState(mirror_list=text, aside=aside[3:]))
+    assert not taken.changed
+    # still air-gapped: what is aside stays there
+    assert not _mirror(AptSourceState(mirror_list=text, aside=aside), air_gapped=True).changed
+
+
+def test_aside_and_back_on_a_fake_etc_apt_round_trip(tmp_path):
+    """N12 end to end in a temp /etc/apt: fact -> commands -> shell, both ways; the second run
+    of each changes nothing and the tree comes back as it was."""
+    apt = tmp_path / "etc/apt"
+    (apt / "sources.list.d").mkdir(parents=True)
+    original = {
+        "sources.list": "deb http://deb.debian.org/debian bookworm main\n",
+        "sources.list.d/debian.sources": "Types: deb\nURIs: http://x\n",
+        "sources.list.d/cuda.list": "deb http://cuda/ ./\n",
+    }
+    for rel, body in original.items():
+        (apt / rel).write_text(body)
+    (apt / "sources.list.d/p40fleet-mirror.list").write_text(
+        _mirror(AptSourceState()).uploads[MIRROR_LIST]
+    )
+
+    def fact() -> AptSourceState:
+        command = str(AptSources().command()).replace("/etc/apt", str(apt))
+        out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
+        return AptSources().process(out.stdout.replace(str(apt), "/etc/apt").splitlines())
+
+    def deploy(air_gapped: bool) -> bool:
+        result = _mirror(fact(), air_gapped=air_gapped)
+        for command in result.commands:
+            if command.startswith(("mkdir", "mv")):
+                subprocess.run(["/bin/sh", "-c", command.replace("/etc/apt", str(apt))], check=True)
+        return result.changed
+
+    def tree() -> dict[str, str]:
+        return {str(p.relative_to(apt)): p.read_text() for p in apt.rglob("*") if p.is_file()
+                and p.name != "p40fleet-mirror.list"}  # fmt: skip
+
+    assert deploy(True)
+    assert tree() == {f"p40fleet-aside/{rel}": body for rel, body in original.items()}
+    assert not deploy(True)
+    assert deploy(False)
+    assert tree() == original
+    assert not deploy(False)
 
 
 def test_not_air_gapped_keeps_distribution_sources():
@@ -131,6 +196,17 @@ def test_fact_reads_list_key_and_other_sources(tmp_path):
     command = str(AptSources().command()).replace("/etc/apt", str(apt))
     out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
     assert AptSources().process(out.stdout.splitlines()) == AptSourceState(others=state.others)
+    # N12: what is aside, and whether its origin is free (a bare name: from sources.list.d)
+    aside = apt / "p40fleet-aside"
+    (aside / "sources.list.d").mkdir(parents=True)
+    (aside / "sources.list.d/cuda.list").write_text("deb http://cuda/ ./\n")
+    (aside / "sources.list").write_text("deb http://deb.debian.org/debian bookworm main\n")
+    (aside / "old.sources").write_text("Types: deb\n")
+    (aside / "sources.list.~1~").write_text("a numbered backup: never restored\n")
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True)
+    assert AptSources().process(out.stdout.splitlines()).aside == (
+        ("sources.list", False), ("old.sources", True), ("sources.list.d/cuda.list", True),
+    )  # fmt: skip
 
 
 # -- conda from the mirror channel ----------------------------------------------------------

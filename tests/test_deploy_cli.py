@@ -40,8 +40,43 @@ def test_repeated_address_is_2(tmp_path, capsys):
         '         ("p40-01-again", {"ssh_hostname": "192.0.2.11"}), "p40-02"]\n'
     )
     err = refused(capsys, inventory(tmp_path, text), "deploy/full.py", "-y")
-    assert "hosts p40-01, p40-01-again share the address 192.0.2.11" in err
+    assert "hosts p40-01, p40-01-again share the address 192.0.2.11 port 22" in err
     assert "fix: list each machine once" in err
+
+
+def test_one_nat_address_on_different_ports_is_fine(tmp_path):
+    """N10: hosts behind one NAT/bastion address, each on its own ssh_port, are two machines."""
+    text = (
+        'hosts = [("p40-01", {"ssh_hostname": "192.0.2.1", "ssh_port": 2201}),\n'
+        '         ("p40-02", {"ssh_hostname": "192.0.2.1", "ssh_port": 2202})]\n'
+    )
+    assert deploy_cli.check_inventory(inventory(tmp_path, text)) == 2
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "shown"),
+    [
+        ("2001:db8::1", "2001:DB8:0:0::1", "2001:db8::1"),  # two spellings of one IPv6 address
+        ("node.lab.", "Node.Lab", "node.lab"),  # a trailing-dot FQDN, another case
+        ("192.0.2.11", "[192.0.2.11]", "192.0.2.11"),
+    ],
+)
+def test_two_spellings_of_one_address_are_2(tmp_path, capsys, first, second, shown):
+    """N10: the same machine under two spellings of its address is refused."""
+    text = (
+        f'hosts = [("a", {{"ssh_hostname": {first!r}}}), ("b", {{"ssh_hostname": {second!r}}})]\n'
+    )
+    err = refused(capsys, inventory(tmp_path, text), "deploy/full.py")
+    assert f"hosts a, b share the address {shown} port 22" in err
+
+
+def test_the_default_port_is_22(tmp_path, capsys):
+    text = (
+        'hosts = [("a", {"ssh_hostname": "192.0.2.5"}),\n'
+        '         ("b", {"ssh_hostname": "192.0.2.5", "ssh_port": 22})]\n'
+    )
+    err = refused(capsys, inventory(tmp_path, text), "deploy/full.py")
+    assert "hosts a, b share the address 192.0.2.5 port 22" in err
 
 
 def test_repeated_names_are_2(tmp_path, capsys):

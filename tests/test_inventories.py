@@ -125,3 +125,15 @@ def test_verify_probe_after_the_run_uses_the_hosts_sudo(monkeypatch):
     monkeypatch.setattr(verification.training, "training_target", lambda spec, t: plan)
     verification._probe_now(target, load_spec("h1", {}))
     assert seen.get("_sudo") is True and seen.get("_sudo_password") == "pw"
+
+
+def test_only_the_sim_inventory_marks_hosts_simulated(tmp_path, monkeypatch):
+    """N14: "simulated" is the inventory's word (host data p40lab_sim), never the host's disk:
+    the lab's hosts have it from inventories/sim.py, a real inventory's hosts never do, so a
+    lab marker left on a real host cannot turn its GPU checks into SKIPs."""
+    from p40fleet.verification.check import simulated_in_inventory
+
+    real = _hosts(REPO / "inventories" / "lab.py")
+    assert real and not any(simulated_in_inventory(h.data) for h in real.values())
+    lab = _sim_hosts(tmp_path, monkeypatch)
+    assert lab and all(simulated_in_inventory(h.data) for h in lab.values())

@@ -152,8 +152,12 @@ def test_checks_pass_on_a_full_cluster_and_fail_on_a_missing_node():
 def test_gpu_check_compares_with_pci_and_skips_simulated_hosts():
     wrong = ray_checks(probe(TWO_NODES, node_id=WORKER_ID), address="h:1", nodes=2, pci_gpus=8)
     assert wrong[2].status == FAIL and "offers 4 GPUs" in wrong[2].detail
-    sim = ray_checks(probe(TWO_NODES, sim=True), address="h:1", nodes=2, pci_gpus=4)
+    sim = ray_checks(probe(TWO_NODES, sim=True), address="h:1", nodes=2, pci_gpus=4,
+                     simulated=True)  # fmt: skip
     assert sim[2].status == SKIP and "simulated host" in sim[2].detail
+    # N14: the lab's marker on a host its inventory does not mark simulated: checked for real
+    real = ray_checks(probe(TWO_NODES, sim=True), address="h:1", nodes=2, pci_gpus=4)
+    assert real[2].status != SKIP and "simulated host" not in real[2].detail
 
 
 def test_a_head_that_does_not_train_must_offer_no_gpu():

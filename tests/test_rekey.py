@@ -199,3 +199,40 @@ def test_cli_resolves_host_from_a_pyinfra_inventory(tmp_path, sshd, keys):
                              text=True, stdin=subprocess.DEVNULL)  # fmt: skip
     assert missing.returncode == 1 and "web7: not in inventory" in missing.stderr
     assert "web1, web2" in missing.stderr
+
+
+def _resolved_from(cwd: Path, inventory: str, host: str) -> str:
+    """``resolve()``'s known_hosts, run from ``cwd`` (a fresh interpreter, as the CLI runs)."""
+    code = (
+        f"from p40fleet.rekey import resolve; print(resolve({inventory!r}, {host!r}).known_hosts)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_relative_known_hosts_is_the_repo_roots_whatever_the_cwd(tmp_path):
+    """N11: the CLIs run pyinfra from the repo root, so a relative ``ssh_known_hosts_file``
+    (inventories/lab.py's ``inventories/known_hosts.lab``) is that file, from any directory."""
+    got = _resolved_from(REPO / "inventories", "lab.py", "p40-01")
+    assert got == str(REPO / "inventories" / "known_hosts.lab")
+    (tmp_path / "inv.py").write_text("hosts = [('h', {'ssh_known_hosts_file': 'kh/x'})]\n")
+    assert _resolved_from(tmp_path, "inv.py", "h") == str(REPO / "kh" / "x")
+    home = rekey.known_hosts_path("~/.ssh/known_hosts")
+    assert home.is_absolute() and home == Path.home() / ".ssh" / "known_hosts"
+
+
+def test_a_line_naming_several_machines_moves_only_the_named_one(keys):
+    """N11: ``a,b KEY``: rekeying a leaves b on the old key (its own line), a gets the new."""
+    old, new = keys["old"], keys["new"]
+    lines = ["# lab\n", _line("192.0.2.11,192.0.2.12", old), _line("192.0.2.13", old)]
+    got = rekey.replaced(lines, "192.0.2.11", new)
+    assert got == ["# lab\n", _line("192.0.2.12", old), _line("192.0.2.11", new),
+                   _line("192.0.2.13", old)]  # fmt: skip
+    # another key type of the old install on a shared line: dropped for the host only
+    rsa = "192.0.2.11,192.0.2.12 ssh-rsa AAAAB3NzaC1yc2E=\n"
+    got = rekey.replaced([_line("192.0.2.11,192.0.2.12", old), rsa], "192.0.2.11", new)
+    assert got == [_line("192.0.2.12", old), _line("192.0.2.11", new),
+                   "192.0.2.12 ssh-rsa AAAAB3NzaC1yc2E=\n"]  # fmt: skip

@@ -18,23 +18,28 @@ import pytest
 
 from facts.run_lock import RunLock, RunLockState
 from operations import run_lock as op
-from p40fleet import run_lock
-from p40fleet.run_lock import MAX_AGE_S, Holder
+from p40fleet import controller, run_lock
+from p40fleet.run_lock import BOOT_GRACE_S, MAX_AGE_S, Holder
 from tests.opharness import run_op
 
 REPO = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 30, 23, 0, 0, tzinfo=timezone.utc)
-ME = Holder("ctl", 100, "run-me", "lab2", "2026-11-30T23:00:00Z")
+CTL_ID = "c" * 32  # this controller's id (p40fleet.controller.controller_id)
+ME = Holder("ctl", 100, "run-me", "lab2", "2026-11-30T23:00:00Z", controller_id=CTL_ID)
 BOOT = "boot-1"
+UP = 3600.0  # the host's uptime: an hour since its boot
 
 
 def holder_text(controller="ctl", pid=7, run="run-a", host="lab2", since="2026-11-30T22:59:58Z",
-                boot=BOOT) -> str:  # fmt: skip
-    return "\n".join(Holder(controller, pid, run, host, since, boot).lines())
+                boot=BOOT, controller_id=None) -> str:  # fmt: skip
+    if controller_id is None:  # the hostname stands for the controller in these cases
+        controller_id = CTL_ID if controller == "ctl" else controller.ljust(32, "0")
+    return "\n".join(Holder(controller, pid, run, host, since, boot, controller_id).lines())
 
 
-def decide(text, *, alive=True, boot=BOOT, exists=True, now=NOW):
-    return run_lock.decide(exists, text, boot, ME, now=now, pid_alive=lambda pid: alive)
+def decide(text, *, alive=True, boot=BOOT, exists=True, now=NOW, uptime=UP):
+    return run_lock.decide(exists, text, boot, ME, now=now, uptime_s=uptime,
+                           pid_alive=lambda pid: alive)  # fmt: skip
 
 
 # ------------------------------------------------------------------------- decisions
@@ -72,7 +77,41 @@ def test_other_controller_stale_after_reboot_or_max_age():
     assert "rebooted" in decide(other, boot="boot-2").message
     later = NOW + timedelta(seconds=MAX_AGE_S + 60)
     assert decide(other, now=later).kind == "stale"
+    assert "by the host's clock" in decide(other, now=later).message
     assert decide(other, now=NOW + timedelta(seconds=MAX_AGE_S - 60)).kind == "held"
+
+
+def test_same_hostname_other_controller_id_is_held_not_crashed():
+    """N8: a clone with this controller's hostname holds a live lock: its pid is not looked
+    up here (it runs elsewhere), the lock is held."""
+    clone = holder_text(controller="ctl", pid=41234, controller_id="d" * 32)
+    decision = decide(clone, alive=False)
+    assert decision.kind == "held", decision
+    assert "controller ctl (pid 41234)" in decision.message
+    # a lock of an earlier version (no controller_id): never taken for this controller's own
+    legacy = "\n".join(line for line in holder_text(pid=41234).splitlines()
+                       if not line.startswith("controller_id="))  # fmt: skip
+    assert decide(legacy, alive=False).kind == "held"
+    assert run_lock.parse_holder(legacy).controller_id == ""
+
+
+def test_age_is_measured_on_the_hosts_clock():
+    """N8: ``now`` is the host's clock (facts.run_lock); the holder's ``since`` the host's too,
+    so a controller 25 h ahead takes nothing over; a lock 25 h old by the host's clock is."""
+    other = holder_text(controller="ctl-b", since="2026-11-30T22:00:00Z")
+    assert decide(other, now=datetime(2026, 11, 30, 23, 0, tzinfo=timezone.utc)).kind == "held"
+    assert decide(other, now=datetime(2026, 12, 1, 23, 1, tzinfo=timezone.utc)).kind == "stale"
+
+
+def test_a_reboot_takes_over_only_after_the_grace():
+    """N8: the run that rebooted the host refreshes its holder when it is back; until the host
+    has been up BOOT_GRACE_S, another controller waits (held, saying why); unknown uptime:
+    held."""
+    other = holder_text(controller="ctl-b")
+    early = decide(other, boot="boot-2", uptime=60)
+    assert early.kind == "held" and "rebooted 1 min ago" in early.message, early
+    assert decide(other, boot="boot-2", uptime=BOOT_GRACE_S + 1).kind == "stale"
+    assert decide(other, boot="boot-2", uptime=None).kind == "held"
 
 
 def test_unreadable_holder_is_held_not_guessed():
@@ -83,8 +122,17 @@ def test_fact_parses_present_and_absent():
     fact = RunLock()
     assert "head -c 4096" in fact.command("/var/lib/p40fleet/run.lock")
     assert fact.process(["boot_id=b1"]) == RunLockState(False, "", "b1")
-    got = fact.process(["boot_id=b1", "lock=present", *holder_text().splitlines()])
-    assert got == RunLockState(True, holder_text(), "b1")
+    clock = ["now=2026-11-30T23:00:00Z", "uptime=3600.25"]
+    got = fact.process(["boot_id=b1", *clock, "lock=present", *holder_text().splitlines()])
+    assert got == RunLockState(True, holder_text(), "b1", NOW, 3600.25)
+    # the real command here: the host's clock and uptime come back
+    out = sh(fact.command(str(Path("/nonexistent/run.lock")))).stdout.splitlines()
+    seen = fact.process(out)
+    assert (
+        seen.now is not None and abs((seen.now - datetime.now(timezone.utc)).total_seconds()) < 60
+    )
+    if Path("/proc/uptime").exists():
+        assert seen.uptime_s is not None and seen.uptime_s > 0
 
 
 # ------------------------------------------------------------------- host-side shell
@@ -155,6 +203,52 @@ def test_refresh_writes_the_new_boot_id(tmp_path):
     assert sh(run_lock.refresh_command(str(path), ME)).returncode == 0
     boot = Path(run_lock.BOOT_ID).read_text().strip()
     assert (path / "holder").read_text().splitlines()[-1] == f"boot_id={boot}"
+    assert run_lock.parse_holder((path / "holder").read_text()).controller_id == CTL_ID
+
+
+def test_refresh_after_a_takeover_fails_the_host(tmp_path):
+    """N8: A rebooted the host, B took the lock over meanwhile: A's refresh exits 75 naming B
+    (and leaves B's holder alone) instead of going on without the lock."""
+    path = str(tmp_path / "run.lock")
+    a = Holder("ctl-01", 111, "aaaaaaaaaaaa", "lab1", controller_id="a" * 32)
+    b = Holder("ctl-02", 222, "bbbbbbbbbbbb", "lab1", controller_id="b" * 32)
+    assert sh(run_lock.acquire_command(path, a)).returncode == 0
+    stale = Path(path, "holder").read_text().strip("\n")
+    assert sh(run_lock.acquire_command(path, b, stale)).returncode == 0  # B's takeover
+    taken = Path(path, "holder").read_text()
+    refresh = sh(run_lock.refresh_command(path, a))
+    assert refresh.returncode == 75, refresh
+    assert "no longer held by run aaaaaaaaaaaa" in refresh.stderr
+    assert "run=bbbbbbbbbbbb" in refresh.stderr
+    assert Path(path, "holder").read_text() == taken
+
+
+def test_since_is_written_by_the_hosts_clock(tmp_path):
+    """N8: the holder's ``since`` is the host's ``date -u``, not the controller's."""
+    path = str(tmp_path / "run.lock")
+    me = Holder("ctl", 1, "run-a", "lab2", since="1999-01-01T00:00:00Z", controller_id=CTL_ID)
+    assert sh(run_lock.acquire_command(path, me)).returncode == 0
+    held = run_lock.parse_holder(Path(path, "holder").read_text())
+    written = datetime.strptime(held.since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert abs((written - datetime.now(timezone.utc)).total_seconds()) < 60
+    assert held.controller_id == CTL_ID and held.controller == "ctl"
+
+
+def test_controller_id_is_random_kept_and_not_the_hostname(tmp_path, monkeypatch):
+    """N8: one id per controller cache, made once (0600), kept across runs; a garbled file is
+    replaced; two caches (two controllers, even with one hostname) have two ids."""
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "a"))
+    first = controller.controller_id()
+    assert len(first) == 32 and first == controller.controller_id()
+    stored = tmp_path / "a" / controller.ID_FILE
+    assert stored.read_text().strip() == first and stored.stat().st_mode & 0o777 == 0o600
+    assert socket.gethostname() not in first
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "b"))
+    assert controller.controller_id() != first
+    stored.write_text("garbage\n")
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "a"))
+    again = controller.controller_id()
+    assert again != first and stored.read_text().strip() == again
 
 
 # --------------------------------------------------------------------- the operation
@@ -197,7 +291,7 @@ def pyinfra_local(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
         f"hosts = [('@local', {{'stack': {{}}, 'p40fleet_run_lock': {str(lock)!r}}})]\n"
     )
     (tmp_path / "deploy.py").write_text(DEPLOY.format(marker=marker))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), controller.CACHE_ENV: str(tmp_path / "ctl")}
     proc = subprocess.run(
         [sys.executable, "-m", "pyinfra", "-y", str(tmp_path / "inv.py"),
          str(tmp_path / "deploy.py")],
@@ -207,7 +301,7 @@ def pyinfra_local(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
 
 
 @pytest.mark.skipif(not Path(run_lock.BOOT_ID).exists(), reason="needs Linux /proc")
-def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path):
+def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path, monkeypatch):
     lock = tmp_path / "run.lock"
     proc, marker = pyinfra_local(tmp_path)
     out = proc.stdout + proc.stderr
@@ -226,8 +320,20 @@ def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path):
            "controller ctl-b (pid 4242)" in out, out  # fmt: skip
     assert (lock / "holder").exists()  # not ours: left alone
 
+    # N8: this hostname but another controller (a clone), its pid not running here: held
+    clone = holder_text(controller=socket.gethostname(), pid=999999, host="@local", boot=boot,
+                        controller_id="e" * 32)  # fmt: skip
+    (lock / "holder").write_text(clone + "\n")
+    proc, marker = pyinfra_local(tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and not marker.exists(), out
+    assert "another p40fleet run holds this host" in out and "pid 999999" in out, out
+
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "ctl"))
+    ours = controller.controller_id()  # the id the pyinfra runs above kept in their cache
     (lock / "holder").write_text(holder_text(controller=socket.gethostname(), pid=999999,
-                                             host="@local") + "\n")  # fmt: skip
+                                             host="@local", boot=boot,
+                                             controller_id=ours) + "\n")  # fmt: skip
     proc, marker = pyinfra_local(tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and marker.exists(), out

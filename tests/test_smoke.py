@@ -159,6 +159,16 @@ def test_all_of_it_runs_as_the_training_user():
         render_smoke(TARGETS._replace(user=""))
 
 
+def test_only_a_host_the_inventory_marks_simulated_gets_the_cpu_step():
+    """N14: the lab's marker is looked at only on a host the inventory marks simulated; on any
+    other host the step is a GPU step, whatever is on its disk."""
+    real = render_smoke(TARGETS._replace(simulated=False))
+    assert "p40lab-sim" not in real and "p40fleet_sim=no\n" in real
+    lab = render_smoke(TARGETS._replace(simulated=True))
+    assert "[ -d /etc/p40lab-sim ]" in lab
+    assert TARGETS.simulated is False  # the default: not simulated
+
+
 def test_script_against_a_fake_launch_script_cleans_its_scratch_dir(tmp_path):
     """The GPU path of the job, run here against a stand-in script: the overrides arrive as
     arguments, the scratch dir is gone afterwards, the exit status and the log are read."""

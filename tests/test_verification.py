@@ -24,7 +24,7 @@ from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
 from p40fleet.verification.probe import ProbeTargets, parse_probe
-from p40fleet.verification.run import CHECK_NAMES, PROBE, REGISTRY, run_checks
+from p40fleet.verification.run import CHECK_NAMES, LAB_MARKER, PROBE, REGISTRY, run_checks
 from p40fleet.verl_patches import rule_set
 
 SPEC = load_spec("lab1", {})
@@ -182,9 +182,10 @@ def sections(**over: list[str] | None) -> dict[str, list[str]]:
 
 
 def checks_for(
-    lines: list[str], gpus=GPUS, spec=SPEC, apex_key=APEX_KEY, training=TARGET
+    lines: list[str], gpus=GPUS, spec=SPEC, apex_key=APEX_KEY, training=TARGET, simulated=False
 ) -> dict[str, Check]:
-    result = run_checks(parse_probe(lines), spec, gpus, apex_key=apex_key, training=training)
+    result = run_checks(parse_probe(lines), spec, gpus, apex_key=apex_key, training=training,
+                        simulated=simulated)  # fmt: skip
     assert [c.name for c in result] == [n for n in CHECK_NAMES if n in {c.name for c in result}]
     return {c.name: c for c in result}
 
@@ -507,14 +508,13 @@ def test_simulated_host_skips_instead_of_passing():
     torch = {"version": "2.6.0+cu118", "cuda_version": None, "cuda_available": False}
     apex = {"torch": "ok", "apex": "ok", "apex_C": "ok", "amp_C": "ModuleNotFoundError: x"}
     smi = ["fields=x", "garbage from the lab's double", "@@rc 0"]
-    checks = checks_for(
-        sections(
-            host=host,
-            torch=["@@json " + json.dumps(torch), "@@rc 0"],
-            apex=["@@json " + json.dumps(apex), "@@rc 0"],
-            **{"nvidia-smi": smi},
-        )
+    probe = sections(
+        host=host,
+        torch=["@@json " + json.dumps(torch), "@@rc 0"],
+        apex=["@@json " + json.dumps(apex), "@@rc 0"],
+        **{"nvidia-smi": smi},
     )
+    checks = checks_for(probe, simulated=True)
     skipped = {n for n, c in checks.items() if c.status == SKIP}
     assert skipped == {
         "nvidia-smi gpus",
@@ -530,10 +530,24 @@ def test_simulated_host_skips_instead_of_passing():
     assert checks["driver installed"].status == PASS
     assert checks["apex"].status == PASS
     wrong = dict(torch, version="2.5.1+cpu")
-    sim_bad = checks_for(sections(host=host, torch=["@@json " + json.dumps(wrong), "@@rc 0"]))
+    sim_bad = checks_for(sections(host=host, torch=["@@json " + json.dumps(wrong), "@@rc 0"]),
+                         simulated=True)  # fmt: skip
     assert sim_bad["torch version"].status == FAIL
-    bad_driver = checks_for(sections(host=host, modinfo=["535.183.01", "@@rc 0"]))
+    bad_driver = checks_for(sections(host=host, modinfo=["535.183.01", "@@rc 0"]), simulated=True)
     assert bad_driver["driver installed"].status == FAIL
+
+    # N14: the same answers from a host its inventory does not mark simulated (a lab marker
+    # left on a real host): nothing SKIPs as simulated, and the marker is a FAIL naming it
+    real = checks_for(probe)
+    assert not any("simulated host" in c.detail for c in real.values() if c.status == SKIP)
+    assert real["nvidia-smi gpus"].status == FAIL and real["torch cuda"].status == FAIL
+    marker = real["lab marker"]
+    assert marker.status == FAIL and "/etc/p40lab-sim" in marker.detail
+    assert "p40lab_sim" in marker.detail and "rm -rf /etc/p40lab-sim" in marker.remedy
+    # marked simulated but without the marker: checked as real hardware, no marker FAIL
+    plain = ["sim=no", f"kernel={KERNEL}", "nouveau=absent", "@@rc 0"]
+    unmarked = checks_for(sections(host=plain, **{"nvidia-smi": smi}), simulated=True)
+    assert unmarked["nvidia-smi gpus"].status == FAIL and "lab marker" not in unmarked
 
 
 def test_cpu_torch_pin_skips_cuda_checks():
@@ -578,7 +592,7 @@ def test_every_check_reports_the_name_the_registry_gives_it():
     (a renamed check or a reordered registry fails here, not in the fleet table)."""
     ran = [c.name for c in run_checks(parse_probe(sections()), SPEC, GPUS, apex_key=APEX_KEY,
                                       training=TARGET)]  # fmt: skip
-    assert ran == [name for name in CHECK_NAMES if name != PROBE]
+    assert ran == [name for name in CHECK_NAMES if name not in (PROBE, LAB_MARKER)]
     assert CHECK_NAMES == tuple(name for name, _ in REGISTRY)
     assert CHECK_NAMES[:2] == ("gpus", "probe") and len(set(CHECK_NAMES)) == len(CHECK_NAMES)
 

@@ -57,12 +57,14 @@ stack = {
     #     "pip_find_links": None,                               # wheelhouse URL/dir, or None
     #     "git_base_url": "http://192.0.2.1:8111/git",          # + "/verl.git", "/apex.git"
     #     # apt source, written before any apt install; signed_by = the repo's key on the
-    #     # controller ("trusted": True instead turns apt's signature check off, never implied)
+    #     # controller ("trusted": True instead turns apt's signature check off, never implied:
+    #     # over http the network path then chooses the packages root installs)
     #     "apt": {"url": "http://192.0.2.1:8111/ubuntu", "suite": "focal",
     #             "components": ["main", "universe"], "signed_by": "/srv/keys/mirror.gpg",
     #             "extra_suites": ["focal-updates", "focal-security"]},  # kernel headers there
     #     "conda_channel": "http://192.0.2.1:8111/conda",       # + "/linux-64/repodata.json"
     #     "air_gapped": False,  # True: every source above is required; distro apt sources aside
+    #                           # (False again: the deploy moves them back)
     # },
     #
     # --- paths -----------------------------------------------------------------------------------

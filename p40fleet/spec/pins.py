@@ -432,7 +432,9 @@ class AptMirror(BaseModel):
     defines it. apt checks signatures unless told not to: ``signed_by`` is the repository's key
     file on the controller (binary ``.gpg`` or armored ``.asc``), which the deploy ships to
     ``/etc/apt/keyrings/``; ``trusted: True`` (apt's ``[trusted=yes]``) turns the check off and
-    is never implied.
+    is never implied. Over ``http://`` it lets whoever is on the network path between the host
+    and the mirror choose the packages root installs (kernel headers, gcc, dkms): use it only
+    for a mirror on a network you trust (the simulated lab's), or over https.
     """
 
     model_config = _FROZEN

@@ -15,12 +15,15 @@ __all__ = [
     "FAIL",
     "PASS",
     "SIMULATED",
+    "SIM_DATA",
+    "SIM_MARKERS",
     "SKIP",
     "STATUSES",
     "Check",
     "force_reinstall",
     "host_verdict",
     "no_answer",
+    "simulated_in_inventory",
     "spec_failure",
 ]
 
@@ -28,6 +31,17 @@ PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 STATUSES = (PASS, FAIL, SKIP)
 
 SIMULATED = "simulated host"
+#: Host data that marks a host of the simulated lab (``inventories/sim.py`` sets it). Only the
+#: inventory says a host is simulated: a lab marker left on a real host's disk (a leftover lab
+#: image) never turns its GPU checks into SKIPs.
+SIM_DATA = "p40lab_sim"
+#: The directories a p40lab host has (``facts.verify.SIMULATED_HOST_TEST`` looks for them).
+SIM_MARKERS = ("/etc/p40lab-sim", "/var/lib/p40lab-sim")
+
+
+def simulated_in_inventory(data: Any) -> bool:
+    """Whether the host's inventory data (pyinfra ``host.data``) marks it simulated."""
+    return (data.get(SIM_DATA) if data is not None else None) is True
 
 
 def force_reinstall(component: str, deploy: str) -> str:

@@ -18,14 +18,25 @@ _DEPLOY = "run `pyinfra -y INVENTORY deploy/ray.py`"
 
 
 def ray_checks(
-    probe: RayProbe, *, address: str, nodes: int, pci_gpus: int, ray_gpus: int | None = None
+    probe: RayProbe,
+    *,
+    address: str,
+    nodes: int,
+    pci_gpus: int,
+    ray_gpus: int | None = None,
+    simulated: bool = False,
 ) -> list[Check]:
     """The Ray checks of one host; one SKIP when deploy/ray.py never ran here. ``ray_gpus``:
-    the GPUs Ray should offer here (default: ``pci_gpus``)."""
+    the GPUs Ray should offer here (default: ``pci_gpus``). ``simulated``: the inventory marks
+    the host a simulated lab's; only then does the lab's marker SKIP the GPU check."""
     if not probe.unit:
         return [Check("ray", SKIP, f"not a Ray cluster member: no {UNIT_PATH} ({_DEPLOY})")]
     expected = pci_gpus if ray_gpus is None else ray_gpus
-    return [_service(probe), _cluster(probe, address, nodes), _gpus(probe, pci_gpus, expected)]
+    return [
+        _service(probe),
+        _cluster(probe, address, nodes),
+        _gpus(probe, pci_gpus, expected, simulated),
+    ]
 
 
 def left_out_checks(probe: RayProbe, why: str) -> list[Check]:
@@ -81,8 +92,8 @@ def _cluster(probe: RayProbe, address: str, nodes: int) -> Check:
     )
 
 
-def _gpus(probe: RayProbe, pci_gpus: int, expected: int) -> Check:
-    if probe.simulated:
+def _gpus(probe: RayProbe, pci_gpus: int, expected: int, simulated: bool) -> Check:
+    if probe.simulated and simulated:
         return Check("ray GPUs", SKIP, f"{SIMULATED}: no GPU for Ray to detect")
     status = probe.status
     if status is None or probe.node_id not in status.per_node:

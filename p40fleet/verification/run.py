@@ -15,18 +15,22 @@ from p40fleet.spec import StackSpec
 from p40fleet.training import TrainingTarget
 from p40fleet.verification import python_checks as py
 from p40fleet.verification import system_checks as system
-from p40fleet.verification.check import FAIL, Check
+from p40fleet.verification.check import FAIL, SIM_DATA, SIM_MARKERS, Check
 from p40fleet.verification.probe import CheckContext, ProbeAnswers
 
-__all__ = ["CHECK_NAMES", "PROBE", "REGISTRY", "run_checks"]
+__all__ = ["CHECK_NAMES", "LAB_MARKER", "PROBE", "REGISTRY", "run_checks"]
 
 #: The check reported between ``gpus`` and the rest only when the probe broke (no function).
 PROBE = "probe"
+#: The check reported after ``gpus`` only when a host its inventory does not mark simulated
+#: has the simulated lab's marker (no function).
+LAB_MARKER = "lab marker"
 
 #: Every check in the order :func:`run_checks` reports it, by the name it reports.
 REGISTRY: tuple[tuple[str, Callable[[CheckContext], Check] | None], ...] = (
     ("gpus", system.gpus),
     (PROBE, None),
+    (LAB_MARKER, None),
     ("nouveau", system.nouveau),
     ("driver installed", system.driver_installed),
     ("dkms", system.dkms),
@@ -54,7 +58,9 @@ REGISTRY: tuple[tuple[str, Callable[[CheckContext], Check] | None], ...] = (
 #: Names of the checks :func:`run_checks` returns, in order (``probe`` only when it broke).
 CHECK_NAMES = tuple(name for name, _ in REGISTRY)
 
-_AFTER_THE_PROBE = tuple(check for _, check in REGISTRY[CHECK_NAMES.index(PROBE) + 1 :] if check)
+_AFTER_THE_PROBE = tuple(
+    check for _, check in REGISTRY[CHECK_NAMES.index(LAB_MARKER) + 1 :] if check
+)
 
 
 def run_checks(
@@ -64,8 +70,14 @@ def run_checks(
     *,
     apex_key: str | None = None,
     training: TrainingTarget | None = None,
+    simulated: bool = False,
 ) -> list[Check]:
     """Every check for one host, in :data:`CHECK_NAMES` order.
+
+    ``simulated``: the inventory marks the host a simulated lab's (host data ``p40lab_sim``,
+    ``check.simulated_in_inventory``); only then do the GPU checks SKIP, and only where the
+    host has the lab's marker too. The marker on a host the inventory does not mark is a FAIL
+    (``lab marker``), and its checks run as on real hardware.
 
     ``pci_gpus``: the host's ``facts.gpu.PciGpu`` list (anything with ``bus_id`` and
     ``device_id``). ``apex_key``: the Apex build key the spec needs on this host (None: SKIP).
@@ -75,11 +87,12 @@ def run_checks(
     pci = tuple(pci_gpus)
     summary = spec.gpu_summary(pci)
     host = answers.section("host")
+    marker = bool(host and host.get("sim") == "yes")
     ctx = CheckContext(
         spec=spec,
         answers=answers,
         pci=pci,
-        sim=bool(host and host.get("sim") == "yes"),
+        sim=simulated and marker,
         lowest=summary.lowest_capability,
         profile=summary.profile,
         apex_key=apex_key,
@@ -104,6 +117,18 @@ def run_checks(
                 FAIL,
                 f"the verify probe stopped early (last section: {last})",
                 "run `pyinfra INVENTORY deploy/verify.py --debug` to see why",
+            )
+        )
+    if marker and not simulated:
+        checks.append(
+            Check(
+                LAB_MARKER,
+                FAIL,
+                f"the simulated lab's marker ({' or '.join(SIM_MARKERS)}) is on this host, but "
+                f"its inventory does not mark it simulated (host data {SIM_DATA}): it is "
+                "checked as real hardware, nothing skipped",
+                f"on a real host remove it (rm -rf {' '.join(SIM_MARKERS)}); a p40lab host "
+                "belongs in inventories/sim.py",
             )
         )
     checks += [check(ctx) for check in _AFTER_THE_PROBE]

@@ -29,7 +29,9 @@ SCRIPT_LOG_LINES = 60
 class SmokeTargets(NamedTuple):
     """What one smoke step runs: the training user, the env's python, the launch script, the
     verl checkout (whose package a CPU step copies), the verl ref (its lab-cpu rules), the
-    host's GPUs per node (its launch plan) and the bound in seconds. Hashable: a memo key."""
+    host's GPUs per node (its launch plan), the bound in seconds and whether the inventory
+    marks the host simulated (only then may the lab's marker make it a CPU step). Hashable: a
+    memo key."""
 
     user: str
     python: str
@@ -38,6 +40,7 @@ class SmokeTargets(NamedTuple):
     verl_ref: str
     gpus: int
     timeout_s: int
+    simulated: bool = False
 
 
 @lru_cache(maxsize=1)

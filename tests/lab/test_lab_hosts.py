@@ -165,6 +165,7 @@ def test_inventory_host_data_merges_group_stack_and_lab_overrides(lab, tmp_path)
         assert hd["ssh_strict_host_key_checking"] == "yes"
         assert hd["ssh_allow_agent"] is False and hd["ssh_look_for_keys"] is False
         assert hd["ssh_hostname"] == lab.host(name)["ip"]
+        assert hd["p40lab_sim"] is True  # N14: "simulated" comes from here, not the disk
         assert hd["stack"]["policy"]["allow_reboot"] is True
         assert hd["stack"]["python_version"] == "3.11.9"
         for key, value in group.get("policy", {}).items():
