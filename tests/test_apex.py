@@ -272,19 +272,26 @@ def test_the_spec_derives_the_apex_build_once():
 # -- apex ----------------------------------------------------------------------------------
 
 
-def _build_op(cuda_ext=True, tar=None):
+BUILD = apex_build.BUILD_HOME
+ACCOUNT = apex_build.BUILD_ACCOUNT
+AS_ACCOUNT = f"su -s /bin/sh {ACCOUNT} -c "
+
+
+def _build_op(cuda_ext=True):
     return run_op(
         apex.build_wheel,
         python=PY,
+        env_dir=ENV,
         remote="http://m/git/apex.git",
         ref="25.09",
         commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
-        work_dir="/w",
+        key="K",
         cuda_home="/usr/local/cuda-11.8",
         arch_list="6.0;6.1",
         max_jobs=6,
         cuda_ext=cuda_ext,
-        facts={File: tar},
+        user="verl",
+        facts={},
     )
 
 
@@ -292,34 +299,88 @@ def test_build_wheel_flags():
     result = _build_op()
     build = next(c for c in result.commands if " wheel " in c)
     assert "CUDA_HOME=/usr/local/cuda-11.8" in build
-    assert "'TORCH_CUDA_ARCH_LIST=6.0;6.1'" in build and "MAX_JOBS=6" in build
-    for flag in ("--no-build-isolation", "--no-deps", "-w /w/wheels"):
+    assert "TORCH_CUDA_ARCH_LIST=6.0;6.1" in build and "MAX_JOBS=6" in build
+    for flag in ("--no-build-isolation", "--no-deps", f"-w {BUILD}/wheels"):
         assert flag in build
     assert "--config-settings --build-option=--cpp_ext" in build
     assert "--config-settings --build-option=--cuda_ext" in build
-    assert any("git clone --quiet http://m/git/apex.git /w/src" == c for c in result.commands)
+    assert f"{AS_ACCOUNT}'git clone --quiet http://m/git/apex.git {BUILD}/src'" in result.commands
     assert any("4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49" in c for c in result.commands)
-    # the tar and its sum from the same command, each renamed into place when complete
-    assert (
-        "sha256sum /w/apex-wheel.tar.part | cut -c1-64 > /w/apex-wheel.tar.sha256.part"
-        in (result.commands[-1])
-    )
-    assert result.commands[-1].endswith("mv /w/apex-wheel.tar.sha256.part /w/apex-wheel.tar.sha256")
-    # issue 13: the build says where its log is and how long it took
-    assert "apex build took" in build and "/w/build.log" in build and "start=$(date +%s)" in build
-    assert any("log on this host at /w/build.log" in line for line in result.logs)
+    # issue 13: the build says where its log is (kept by root after) and how long it took
+    assert "apex build took" in build and f"{BUILD}/build.log" in build
+    assert "start=$(date +%s)" in build and "/var/log/p40fleet/apex-build-K.log" in build
+    assert any(f"log on this host at {BUILD}/build.log" in line for line in result.logs)
 
 
 def test_build_wheel_cpu_torch_has_no_cuda_ext():
     assert "--cuda_ext" not in " ".join(_build_op(cuda_ext=False).commands)
 
 
-def test_build_wheel_rebuilds_a_tar_this_run_has_no_sum_for():
-    """S8: a tar already in ~verl/.cache (the training user's) is not taken as the build."""
-    result = _build_op(tar={"size": 1})
-    assert any(" wheel " in c for c in result.commands) and not result.noops
-    assert result.commands[0].startswith("rm -rf /w/src /w/wheels /w/apex-wheel.tar ")
-    assert any("not trusted" in line for line in result.logs)
+def test_build_runs_as_a_fresh_build_account_from_a_snapshot_and_root_takes_the_sum():
+    """S8: the training user (a .pth in its env, a Ray job) can no longer plant the wheel or
+    its sum: the build is the build account's, from a copy of the env taken at its start,
+    and the sum is root's, of root's copy, taken after the account is gone."""
+    commands = _build_op().commands
+    prepare, snapshot, *steps = [c for c in commands if not c.startswith("function ")]
+    # a system account with no login shell, created afresh (a leftover killed and removed)
+    assert prepare.index(f"pkill -KILL -u {ACCOUNT}") < prepare.index(f"userdel {ACCOUNT}")
+    assert prepare.index(f"userdel {ACCOUNT}") < prepare.index(f"rm -rf {BUILD} ")
+    assert (
+        f"useradd --system --user-group --no-create-home --home-dir {BUILD} "
+        f"--shell /usr/sbin/nologin {ACCOUNT}" in prepare
+    )
+    assert prepare.endswith(f"install -d -m 700 -o {ACCOUNT} -g {ACCOUNT} {BUILD}")
+    assert not BUILD.startswith("/home/")
+    # the training user's one command: its env streamed into the build account's own copy
+    assert snapshot.startswith(f"su -s /bin/sh verl -c 'tar -C {ENV} -cf - .' </dev/null | ")
+    assert f"| {AS_ACCOUNT}'mkdir {BUILD}/env && tar -C {BUILD}/env --no-same-owner -xf -" in (
+        snapshot
+    )
+    assert all("/home/verl" not in c for c in steps)  # nothing else reads the user's files
+    # clone, checkout, commit check and the build as the account; its snapshot's python, -I
+    build, collect = steps[-1].split("; rc=$?; ", 1)
+    assert all(c.startswith(AS_ACCOUNT) for c in [*steps[:-1], build]), steps
+    assert "env -i PATH=/usr/local/cuda-11.8/bin:" in build
+    assert f"HOME={BUILD} TMPDIR={BUILD}/tmp PIP_CONFIG_FILE=/dev/null PYTHONNOUSERSITE=1" in build
+    assert f" {BUILD}/env/bin/python -I -m pip --disable-pip-version-check wheel " in build
+    assert "sha256sum" not in build  # the account writes no sum any more
+    # root, after the build: account gone, then its own copy and its own sum of that copy
+    staged = apex_build.built_tar(STAGE_DIR, "K")
+    assert not collect.startswith("su ") and "su -s" not in collect
+    assert collect.index(f"userdel {ACCOUNT}") < collect.index(f"cp -- {BUILD}/apex-wheel.tar")
+    assert f"cp -- {BUILD}/apex-wheel.tar {staged} && sha256sum {staged} | cut -c1-64 >" in collect
+    assert collect.endswith(f"rm -rf {BUILD} || exit 1; exit $rc")
+
+
+def test_collect_script_for_real_copies_a_regular_tar_and_refuses_a_link(tmp_path):
+    """Root's part after the build, run here (an account that does not exist: nothing to kill):
+    its copy and its sum; a link at the tar's place (to a root file) is never copied."""
+    home, staged = tmp_path / "build", tmp_path / "stage" / "apex-K.tar"
+    kept = tmp_path / "log" / "apex-build-K.log"
+    account = "p40fleet-no-such-account"
+
+    def collect() -> subprocess.CompletedProcess:
+        script = apex.collect_script(account, str(home), str(staged), str(kept))
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+
+    home.mkdir()
+    (home / "build.log").write_text("p40lab-apex-build: apex ... user=x\n")
+    _wheel_tar(str(home / "apex-wheel.tar"))
+    want = apex_build.sha256_of(str(home / "apex-wheel.tar"))
+    ok = collect()
+    assert ok.returncode == 0, ok.stderr
+    assert apex_build.sha256_of(str(staged)) == want
+    assert apex_build.recorded_sum(f"{staged}.sha256") == want
+    assert not home.exists()  # the build's home is gone with it
+    assert "p40lab-apex-build: apex" in kept.read_text()
+    victim = tmp_path / "shadow"
+    victim.write_text("root:$6$secret\n")
+    home.mkdir()
+    (home / "apex-wheel.tar").symlink_to(victim)
+    bad = collect()
+    assert bad.returncode == 1 and "no apex-wheel.tar (a regular file)" in bad.stderr
+    assert not staged.exists() and not home.exists()
+    assert kept.read_text().count("=== apex build") == 1  # no log this time: nothing appended
 
 
 def _wheel_tar(path, payload=b"compiled"):
@@ -376,6 +437,22 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
         True,
         f"{local} matches its recorded sha256 {full}",
     )
+
+
+def test_fetch_wheel_takes_roots_copy_and_roots_sum_never_the_users(tmp_path):
+    """S8: before, the training user's ``cat`` streamed the tar and the sum it wrote."""
+    staged = apex_build.built_tar(STAGE_DIR, "K")
+    local = str(tmp_path / "ctl" / "apex-wheel.tar")
+    result = run_op(
+        apex.fetch_wheel, remote_tar=staged, local_tar=local, facts={}, default_facts=True
+    )
+    assert not any("su -s" in c or "/home/verl" in c for c in result.commands), result.commands
+    assert result.commands == [
+        f"FileDownloadCommand({staged}, {local}.part)",
+        f"FileDownloadCommand({staged}.sha256, {local}.part.sha256)",
+        f"rm -f {staged} {staged}.sha256",
+        "function _record",
+    ]
 
 
 def test_controller_tar_whose_recorded_sum_does_not_match_is_refused(tmp_path):
