@@ -115,9 +115,9 @@ def apex_builds(root: Path) -> list[str]:
     output is kept by p40fleet in ``/var/log/p40fleet/apex-build-KEY.log`` (appended)."""
     lines = []
     for log in sorted((Path(root) / "var/log/p40fleet").glob("apex-build-*.log")):
-        lines += [
-            line.split(": ", 1)[1]
+        lines += [  # pip -v indents the build's output
+            line.strip().split(": ", 1)[1]
             for line in log.read_text(errors="replace").splitlines()
-            if line.startswith("p40lab-apex-build: ")
+            if line.strip().startswith("p40lab-apex-build: ")
         ]
     return lines

@@ -560,3 +560,84 @@ def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
         for c in result.commands
     )
     assert result.functions[0].function(None, LOG_HOST) is False
+
+
+def _can_unshare() -> bool:
+    if os.getuid() != 0 or not all(
+        os.path.exists(p) for p in ("/usr/sbin/useradd", "/usr/bin/unshare")
+    ):
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root, unshare -m and useradd")
+def test_build_for_real_as_the_build_account_ignores_what_the_user_plants_after_it_started():
+    """S8 end to end on this machine, in a private mount namespace whose /etc is a copy (the
+    account is created there, never on this machine): the build account builds from its
+    snapshot; a .pth the training user (here: nobody) plants in its env after the snapshot never
+    runs in the build; root's copy and sum remain, the account, its group and home do not."""
+    import shutil
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="p40fleet-s8-"))  # pytest's tmp is root's 0700
+    try:
+        tmp_path.chmod(0o755)
+        _build_for_real(tmp_path, textwrap)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _build_for_real(tmp_path, textwrap):
+    env = tmp_path / "env"  # the training user's env
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(env)], check=True)  # fmt: skip
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "setup.py").write_text(textwrap.dedent("""\
+        import os, pwd, sys
+        from setuptools import setup
+        print("built-as", pwd.getpwuid(os.getuid()).pw_name, "isolated", sys.flags.isolated)
+        setup(name="apex", version="0.1", py_modules=["apexmod"])
+        """))  # fmt: skip
+    (pkg / "apexmod.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "i"], ["tag", "25.09"]):
+        subprocess.run([*git, *args], cwd=pkg, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pkg, capture_output=True,
+                            text=True, check=True).stdout.strip()  # fmt: skip
+    repo = tmp_path / "apex.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(pkg), str(repo)], check=True)
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(env)], check=True)
+    site = next(env.glob("lib/python3*/site-packages"))
+    home, stage, logs = tmp_path / "b" / "apex-build", tmp_path / "stage", tmp_path / "log"
+    result = run_op(
+        apex.build_wheel, python=f"{env}/bin/python", env_dir=str(env), remote=str(repo),
+        ref="25.09", commit=commit, key="K", cuda_home="/nonexistent", arch_list="",
+        max_jobs=1, cuda_ext=False, user="nobody", home=str(home), facts={},
+    )  # fmt: skip
+    cmds = [c.replace(STAGE_DIR, str(stage)).replace(apex_build.BUILD_LOG_DIR, str(logs))
+            for c in result.commands if not c.startswith("function ")]  # fmt: skip
+    (tmp_path / "zz.pth").write_text("import sys; print('PLANTED')\n")
+    plant = f"su -s /bin/sh nobody -c 'cp {tmp_path}/zz.pth {site}/zz.pth'"
+    # a local bare repo must be the cloner's own (git's safe.directory): given to it once made
+    own = f"chown -R {ACCOUNT} {repo}"
+    script = "set -e\n" + "\n".join([cmds[0], own, cmds[1], plant, *cmds[2:]]) + "\n"
+    (tmp_path / "build.sh").write_text(script)
+    subprocess.run(["cp", "-a", "/etc", str(tmp_path / "etc")], check=True)
+    inner = (f"mount --bind {tmp_path}/etc /etc && sh {tmp_path}/build.sh; rc=$?; "
+             f"getent passwd {ACCOUNT}; getent group {ACCOUNT}; exit $rc")  # fmt: skip
+    out = subprocess.run(["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ACCOUNT not in out.stdout  # account and group removed after the build
+    assert "PLANTED" in subprocess.run([f"{env}/bin/python", "-c", ""], capture_output=True,
+                                       text=True).stdout  # fmt: skip  # the plant is real
+    log = (logs / "apex-build-K.log").read_text()
+    assert f"built-as {ACCOUNT} isolated 0" in log and "PLANTED" not in log, log
+    assert not home.exists()
+    tar = stage / "apex-K.tar"
+    assert apex_build.recorded_sum(f"{tar}.sha256") == apex_build.sha256_of(str(tar))
+    assert apex_build.complete_wheel_tar(str(tar)) is None
+    assert os.stat(tar).st_uid == 0 and os.stat(f"{tar}.sha256").st_uid == 0
