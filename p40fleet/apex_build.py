@@ -146,7 +146,8 @@ def first_builder(
 
 
 def host_work_dir(home: str, key: str) -> str:
-    """The build/transfer dir for ``key`` under the training user's home."""
+    """Where the wheel tar for ``key`` is uploaded under the training user's home (every host,
+    the builder too: the build itself runs as the build account, outside the home)."""
     return f"{home.rstrip('/')}/.cache/p40fleet/apex/{key}"
 
 
