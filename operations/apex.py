@@ -97,14 +97,19 @@ def needed(
 
 
 def _account_gone(account: str) -> str:
-    """Shell: no process of ``account`` is left (SIGKILL until none, bounded), then the account
-    and its group are removed. Nothing it started (a daemon, a job) outlives the build."""
+    """Shell: no process of ``account`` is left (SIGKILL until none, bounded), its crontab and
+    its files in the shared tmp dirs are removed, then the account and its group. Nothing it
+    started (a daemon, a cron job) outlives the build or waits for the next account of the
+    name or uid."""
     a = _sq(account)
     return (
         f"if id -u {a} >/dev/null 2>&1; then i=0; while pgrep -u {a} >/dev/null; do "
         f"pkill -KILL -u {a}; i=$((i+1)); if [ $i -gt 100 ]; then "
         f"echo {_sq(f'apex build: processes of {account} survive SIGKILL: refused')} >&2; "
-        f"exit 1; fi; sleep 0.1; done; userdel {a} || exit 1; fi; "
+        f"exit 1; fi; sleep 0.1; done; crontab -r -u {a} >/dev/null 2>&1 || true; "
+        f"find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -user {a} "
+        "-exec rm -rf -- {} + 2>/dev/null || true; "
+        f"userdel {a} || exit 1; fi; "
         f"if getent group {a} >/dev/null; then groupdel {a} || exit 1; fi"
     )
 

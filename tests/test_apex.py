@@ -599,8 +599,12 @@ def _build_for_real(tmp_path, textwrap):
         import os, pwd, sys
         from setuptools import setup
         print("built-as", pwd.getpwuid(os.getuid()).pw_name, "isolated", sys.flags.isolated)
+        open("LEFTOVER", "w").write("left in /tmp by the build account")
         setup(name="apex", version="0.1", py_modules=["apexmod"])
         """))  # fmt: skip
+    leftover = f"/tmp/{tmp_path.name}-leftover"  # the account's own file in the shared /tmp
+    setup = pkg / "setup.py"
+    setup.write_text(setup.read_text().replace("LEFTOVER", leftover))
     (pkg / "apexmod.py").write_text("x = 1\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "i"], ["tag", "25.09"]):
@@ -636,7 +640,7 @@ def _build_for_real(tmp_path, textwrap):
                                        text=True).stdout  # fmt: skip  # the plant is real
     log = (logs / "apex-build-K.log").read_text()
     assert f"built-as {ACCOUNT} isolated 0" in log and "PLANTED" not in log, log
-    assert not home.exists()
+    assert not home.exists() and not os.path.exists(leftover)
     tar = stage / "apex-K.tar"
     assert apex_build.recorded_sum(f"{tar}.sha256") == apex_build.sha256_of(str(tar))
     assert apex_build.complete_wheel_tar(str(tar)) is None
