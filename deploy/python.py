@@ -23,6 +23,7 @@ from operations import apex, apex_fleet, artifacts, conda, torch, training_user,
 from operations.refuse import refuse, validated_spec
 from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.preflight import verl_refusal
+from p40fleet.privdrop import STAGE_DIR
 from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import StackSpec
 
@@ -185,21 +186,22 @@ if spec is not None and refused is None:
     apex.build_wheel(
         name="Build the Apex wheel (one host per build key)",
         python=python,
+        env_dir=the_env,
         remote=spec.git_remote("apex"),
         ref=spec.apex.ref,
         commit=spec.apex.commit,
-        work_dir=work,
+        key=key,
         cuda_home=spec.paths.cuda_dir,
         arch_list=build.arch_list,
         max_jobs=jobs,
         cuda_ext=build.cuda_ext,
         needed=builds_here,
         proxy=spec.proxy,
-        **as_user,
+        user=user.name,
     )
     apex.fetch_wheel(
         name="Copy the Apex wheel to the controller cache",
-        remote_tar=host_tar,
+        remote_tar=apex_build.built_tar(STAGE_DIR, key),  # root's copy, root's sum (S8)
         local_tar=local_tar,
         needed=builds_here,
     )
@@ -209,7 +211,7 @@ if spec is not None and refused is None:
         remote_tar=host_tar,
         user=user.name,
         builder=builder,
-        needed=needed and not builds_here,
+        needed=needed,  # the builder too: its wheel was built outside the user's home
     )
     apex.put_sum(
         name="Upload the Apex wheel's recorded sha256",

@@ -19,7 +19,10 @@ from typing_extensions import override
 __all__ = [
     "ArtifactFile",
     "ArtifactState",
+    "UnsafeParent",
     "marker_path",
+    "parent_problem",
+    "parents_command",
     "unsafe_owner",
 ]
 
@@ -54,6 +57,66 @@ def unsafe_owner(uid: int | None, mode: int | None, writable_by: int = 0o022) ->
     return None
 
 
+def parents_command(path: str) -> str:
+    """Shell: one line per existing directory from ``path`` up to ``/``, of the literal path
+    and of its resolved one (``readlink -m``: a link's target dirs count too):
+    ``pdir UID GID MODE PATH``, or ``plink UID PATH`` for a symbolic link."""
+    q = _q(path)
+    return (
+        'p40w() { p=$1; while :; do if [ -L "$p" ]; then echo "plink $(stat -c %u -- "$p") $p"; '
+        'elif [ -d "$p" ]; then echo "pdir $(stat -c \'%u %g %a\' -- "$p") $p"; fi; '
+        '[ "$p" = / ] || [ "$p" = . ] && break; p=$(dirname -- "$p"); done; }; '
+        f'p40w {q}; r=$(readlink -m -- {q} 2>/dev/null) && [ "$r" != {q} ] && p40w "$r"; '
+    )
+
+
+def parent_problem(output: list[str]) -> str | None:
+    """The first directory of :func:`parents_command`'s lines through which an account other
+    than root could rename the entries below it (S7), as ``PATH is ...``; None: all safe.
+
+    Unsafe: owned by a uid other than 0 (its owner renames anything in it); group-writable
+    by a group other than 0, or world-writable, without the sticky bit (``/tmp``'s 1777 is
+    safe: only an entry's owner may rename it). A link owned by another uid (it can re-point
+    it; its mode means nothing)."""
+    for line in output:
+        words = line.split(" ", 4)
+        if words[0] == "plink" and len(words) >= 3:
+            uid = _int_or_none(words[1])
+            if uid != 0:
+                return f"{line.split(' ', 2)[2]} is a symbolic link owned by uid {uid}, not root"
+        elif words[0] == "pdir" and len(words) == 5:
+            uid, gid = _int_or_none(words[1]), _int_or_none(words[2])
+            mode, where = _octal_or_none(words[3]), words[4]
+            if uid is None or gid is None or mode is None:
+                return f"{where} is of unknown owner and mode"
+            if uid != 0:
+                return f"{where} is owned by uid {uid}, not root"
+            sticky = bool(mode & 0o1000)
+            if mode & 0o002 and not sticky:
+                return f"{where} is mode {mode:04o} (others can rename its entries)"
+            if mode & 0o020 and gid != 0 and not sticky:
+                return f"{where} is mode {mode:04o}, group {gid} (that group can rename entries)"
+    return None
+
+
+class UnsafeParent(FactBase[str | None]):
+    """
+    Returns why another account than root could swap ``path`` (S7: it, or a directory above
+    it, can be renamed by someone else; :func:`parent_problem`), or ``None``.
+
+    Nothing missing is reported: a dir not made yet is created by root under the first one that
+    exists, which is checked.
+    """
+
+    @override
+    def command(self, path: str) -> str:
+        return parents_command(path) + "true"
+
+    @override
+    def process(self, output: list[str]) -> str | None:
+        return parent_problem(output)
+
+
 @dataclass(frozen=True)
 class ArtifactFile:
     """A cached artifact and its marker line ``SIZE MTIME SHA256`` (from the last check).
@@ -75,6 +138,8 @@ class ArtifactFile:
     dir_uid: int | None = 0
     dir_mode: int | None = 0o755
     dir_present: bool = True
+    #: why the cache dir or a directory above it could be renamed by another account (S7)
+    parent_problem: str | None = None
 
     @property
     def present(self) -> bool:
@@ -98,6 +163,8 @@ class ArtifactFile:
             why = unsafe_owner(uid, mode, writable_by=bits)
             if why:
                 return f"{what} is {why}"
+        if self.parent_problem:
+            return f"{self.parent_problem} (another account could swap the cache dir)"
         return None
 
     def verified(self, sha256: str) -> bool:
@@ -119,7 +186,8 @@ def _octal_or_none(text: str) -> int | None:
 class ArtifactState(FactBase[ArtifactFile]):
     """
     Returns an ``ArtifactFile`` for ``path``: size, mtime, owner and mode of the file, the
-    marker's content, owner and mode, and the owner and mode of the directory.
+    marker's content, owner and mode, the owner and mode of the directory, and whether
+    anyone but root could rename it or a directory above it (:func:`parent_problem`).
 
     Never hashes anything: a re-run compares size + mtime with the marker only.
     """
@@ -137,7 +205,9 @@ class ArtifactState(FactBase[ArtifactFile]):
             f"if [ -d {d} ]; then echo \"dir $(stat -c '%u %a' {d})\"; fi; "
             f"if [ -f {f} ]; then echo \"file $(stat -c '%s %Y %u %a' {f})\"; fi; "
             f"if [ -f {m} ]; then echo \"markerstat $(stat -c '%u %a' {m})\"; "
-            f'echo "marker $(head -c 200 {m})"; fi; true'
+            f'echo "marker $(head -c 200 {m})"; fi; '
+            + parents_command(posixpath.dirname(path.rstrip("/")) or "/")
+            + "true"
         )
 
     @override
@@ -145,6 +215,7 @@ class ArtifactState(FactBase[ArtifactFile]):
         values: dict[str, int | str | bool | None] = {
             "uid": None, "mode": None, "marker_uid": None, "marker_mode": None,
             "dir_uid": None, "dir_mode": None, "dir_present": False,
+            "parent_problem": parent_problem([line for line in output if line.startswith("p")]),
         }  # fmt: skip
         for line in output:
             words = line.split()

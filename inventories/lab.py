@@ -59,7 +59,12 @@ p40 = (
                 "ssh_hostname": "192.0.2.13",
                 # Per-host override, deep-merged over group_data/all.py's `stack`: this host has
                 # a small root disk, so the downloads (CUDA alone is 4.3 GB) go to /data, and it
-                # may be rebooted by the deploy (it runs no long jobs).
+                # may be rebooted by the deploy (it runs no long jobs). The cache is safe only
+                # while /data and / are root's and not writable by others without the sticky bit
+                # (chown root:root /data && chmod 755 /data): whoever can rename entries in /data
+                # can swap the cache for one holding its own runfile, which root then runs (S7).
+                # The download refuses the host naming the parent otherwise; never make the
+                # training user's home /data itself.
                 "stack_host": {
                     "paths": {"artifact_cache": "/data/p40fleet-cache"},
                     "policy": {"allow_reboot": True},

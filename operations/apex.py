@@ -4,22 +4,25 @@ The build key and its arithmetic are ``p40fleet/apex_build.py``. Per key and pyi
 exactly one host builds (``operations/apex_fleet.builder``: the first host of the inventory
 that needs that key):
 
-    builder:  build_wheel -> fetch_wheel (files.get to the controller cache)
-    others:   put_wheel (files.put from the controller cache)
-    all:      put_sum, install (check the wheel's sha256, pip install --no-deps it; record the key)
+    builder:  build_wheel -> fetch_wheel (files.get of root's copy to the controller cache)
+    all:      put_wheel (from the controller cache), put_sum, install (check the wheel's
+              sha256, pip install --no-deps it; record the key)
 
 pyinfra runs each operation on every host before the next one starts, so the builder's build
 and fetch finish before any host's put. A wheel already in the controller cache whose sha256
 matches the sum recorded next to it (``apex-wheel.tar.sha256``) means no build at all; to force
 a rebuild, delete ``<controller cache>/apex/<key>/``.
 
-Integrity (the builder's cache dir is writable by its training user, and a copy can be cut
-short): the builder always builds afresh (a tar found there from before is never trusted) and
-writes the tar's sha256 in the same command. The controller fetches both under temporary names,
-checks the tar against that sum and only then records the sum and renames the tar into place.
-The controller's copy is checked against its recorded sum when the run is planned (a mismatch
-means "not built": this run rebuilds it) and again before each upload; each host checks its
-tar against the controller's sum (uploaded root-owned) right before ``pip install``.
+Integrity (S8): the builder compiles as a dedicated build account (``build_wheel``: a system
+account nothing else runs as, created afresh in an empty home outside ``/home`` and removed
+after the build) from a snapshot of the env taken when the build starts, so nothing the
+training user changes later reaches the wheel. Root takes the tar out of the build's home once
+the account is gone and computes its sha256 itself; the controller fetches root's copy and
+root's sum under temporary names, checks the tar against that sum and only then records the
+sum and renames the tar into place. The controller's copy is checked against its recorded sum
+when the run is planned (a mismatch means "not built": this run rebuilds it) and again before
+each upload; each host (the builder too) gets the tar uploaded into the training user's cache
+and checks it against the controller's sum (uploaded root-owned) right before ``pip install``.
 
 Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch),
 ``--config-settings "--build-option=--cpp_ext"`` and, when the torch pin is a CUDA build,
@@ -31,10 +34,10 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shlex
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
-from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.conda import EnvDistributions, MarkerText
@@ -44,22 +47,28 @@ from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
 from operations.training_user import as_user, mkdir_as, put_as
 from p40fleet.apex_build import (
+    BUILD_ACCOUNT,
+    BUILD_HOME,
+    BUILD_LOG_DIR,
     KEY_FILE,
     WHEEL_TAR,
+    built_tar,
     complete_wheel_tar,
     controller_wheel_ok,
     recorded_sum,
     sha256_of,
 )
-from p40fleet.privdrop import READ_TIMEOUT_S, STAGE_DIR
+from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import proxied
-from p40fleet.spec import Proxy, spec_for_host
+from p40fleet.spec import Proxy
 
 __all__ = [
     "build_wheel",
+    "collect_script",
     "fetch_wheel",
     "install",
     "needed",
+    "prepare_script",
     "put_sum",
     "put_wheel",
 ]
@@ -87,36 +96,110 @@ def needed(
     return "apex" not in ask(on, EnvDistributions, python=python, user=user)
 
 
+def _account_gone(account: str) -> str:
+    """Shell: no process of ``account`` is left (SIGKILL until none, bounded), its crontab and
+    its files in the shared tmp dirs are removed, then the account and its group. Nothing it
+    started (a daemon, a cron job) outlives the build or waits for the next account of the
+    name or uid."""
+    a = _sq(account)
+    return (
+        f"if id -u {a} >/dev/null 2>&1; then i=0; while pgrep -u {a} >/dev/null; do "
+        f"pkill -KILL -u {a}; i=$((i+1)); if [ $i -gt 100 ]; then "
+        f"echo {_sq(f'apex build: processes of {account} survive SIGKILL: refused')} >&2; "
+        f"exit 1; fi; sleep 0.1; done; crontab -r -u {a} >/dev/null 2>&1 || true; "
+        f"find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -user {a} "
+        "-exec rm -rf -- {} + 2>/dev/null || true; "
+        f"userdel {a} || exit 1; fi; "
+        f"if getent group {a} >/dev/null; then groupdel {a} || exit 1; fi"
+    )
+
+
+def _sq(text: str) -> str:
+    return shlex.quote(text)
+
+
+def prepare_script(account: str, home: str) -> str:
+    """Shell (root): the build account created afresh (system account, no login shell, no
+    password, home ``home`` made empty for this build, 0700); one left by an interrupted build
+    is removed first, its processes killed."""
+    a, h = _sq(account), _sq(home)
+    return (
+        f"{_account_gone(account)}; rm -rf {h} && install -d -m 755 "
+        f"{_sq(posixpath.dirname(home.rstrip('/')))} && useradd --system --user-group "
+        f"--no-create-home --home-dir {h} --shell /usr/sbin/nologin {a} && "
+        f"install -d -m 700 -o {a} -g {a} {h}"
+    )
+
+
+def collect_script(account: str, home: str, staged: str, log_copy: str) -> str:
+    """Shell (root), after the build: the build account's processes killed and the account
+    removed (so nothing can change its files any more), then root copies the tar (a regular
+    file, not a link) out of ``home`` into its own ``staged`` and writes ITS sha256 of that
+    copy next to it, keeps the build log (bounded) as ``log_copy``, and removes ``home``.
+    Exit 1 with a message when there is no tar (the build failed: the log is kept)."""
+    h, t, lg = _sq(home), _sq(f"{home}/{WHEEL_TAR}"), _sq(f"{home}/build.log")
+    st, sm = _sq(staged), _sq(f"{staged}.sha256")
+    no_tar = _sq(f"apex build: no {WHEEL_TAR} (a regular file) in {home}: the build failed")
+    return (
+        f"{_account_gone(account)} && install -d -m 755 {_sq(posixpath.dirname(log_copy))} && "
+        f"if [ -f {lg} ] && [ ! -L {lg} ]; then {{ date -u '+=== apex build, %F %T UTC'; "
+        f"tail -c 4000000 {lg}; }} >> {_sq(log_copy)}; fi; "
+        f"rm -f {st} {sm}; "
+        f"if [ ! -f {t} ] || [ -L {t} ]; then echo {no_tar} >&2; rm -rf {h}; exit 1; fi; "
+        f"install -d -m 700 {_sq(posixpath.dirname(staged))} && "
+        f"cp -- {t} {st} && sha256sum {st} | cut -c1-64 > {sm}.tmp && mv -f {sm}.tmp {sm} && "
+        f"rm -rf {h}"
+    )
+
+
 @operation()
 def build_wheel(
     python: str,
+    env_dir: str,
     remote: str,
     ref: str,
     commit: str,
-    work_dir: str,
+    key: str,
     cuda_home: str,
     arch_list: str,
     max_jobs: int,
     cuda_ext: bool,
-    user: str | None = None,
+    user: str,
     needed: bool = True,
     proxy: Proxy | None = None,
+    account: str = BUILD_ACCOUNT,
+    home: str = BUILD_HOME,
 ):
     """
-    Clone apex at ``ref`` (verified = ``commit``) and build one wheel into ``WORK/apex-wheel.tar``.
+    Build one wheel of apex at ``ref`` (verified = ``commit``) as the build account; root keeps
+    its own copy of the tar and its own sha256 of it (``built_tar(STAGE_DIR, key)``).
 
-    + python: the env's interpreter (its torch is the build's torch)
+    + python: the env's interpreter (its torch is the build's torch), under ``env_dir``
+    + env_dir: the conda env dir (the training user's)
     + remote: git remote of apex
     + ref: tag or branch to check out
     + commit: the commit ``ref`` must resolve to
-    + work_dir: per-key dir (``src/``, ``wheels/``, ``build.log``, the tar)
+    + key: the build key (names root's copy and the kept log)
     + cuda_home: CUDA toolkit for ``--cuda_ext`` (must match torch.version.cuda)
     + arch_list: TORCH_CUDA_ARCH_LIST, only the arches present
     + max_jobs: MAX_JOBS for the compiler (``p40fleet.apex_build.max_jobs``)
     + cuda_ext: build the CUDA extensions too
-    + user: run the commands as this user (``su``); None = as connected
+    + user: the training user (owns the env; streams its snapshot, nothing else)
     + proxy: ``stack.proxy`` for the fetch (None: no proxy)
     + needed: False when this host is not the build key's builder in this run (no-op)
+    + account, home: the build account and its home (tests move them)
+
+    S8, what the build trusts: the env's content as it is when the build starts (this run's
+    hash-locked installs made it; the training user owns it and could change it at any time).
+    The user's ``tar`` streams it once into the build account's fresh home, and the build runs
+    only that snapshot: ``python -I`` (no PYTHON* variables, no user site), ``env -i`` (a
+    fixed PATH, HOME and TMPDIR in the build's home), ``PIP_CONFIG_FILE=/dev/null`` (no pip
+    config of anybody's). Nothing the training user (or a Ray job, a ``.pth`` it adds later)
+    changes after that reaches the build: its home is 0700 of an account nothing else runs as,
+    created for this build and removed after it (its processes killed first). The pinned
+    source is cloned by that account and checked against ``commit``. Root takes the tar out
+    of that home only once the account is gone and computes the sum itself: that sum is what
+    the controller records and every host checks before installing (as the training user).
     """
     if not needed:
         host.noop("apex wheel: built by another host or already on the controller")
@@ -124,35 +207,43 @@ def build_wheel(
     if ref.startswith("-"):
         yield from refuse_option_ref("apex build", ref, "stack.apex.ref", "25.09")
         return
-    tar = f"{work_dir}/{WHEEL_TAR}"
-    src, wheels, log = f"{work_dir}/src", f"{work_dir}/wheels", f"{work_dir}/build.log"
-    # A tar already here has no sum from this run (its dir is the training user's): rebuilt.
-    if ask(host, File, path=tar):
-        host.log(f"apex wheel {tar} from an earlier build is not trusted: building afresh")
-    host.log(f"apex build (minutes; compiles C++/CUDA): log on this host at {log}")
-    q_src = QuoteString(src)
-    yield as_user(
-        user,
-        StringCommand(
-            "rm -rf",
-            q_src,
-            QuoteString(wheels),
-            QuoteString(tar),
-            QuoteString(f"{tar}.sha256"),
-            "&& mkdir -p",
-            QuoteString(wheels),
+    snap = f"{home}/env"
+    snap_python = snap + python[len(env_dir.rstrip("/")) :]
+    src, wheels, log = f"{home}/src", f"{home}/wheels", f"{home}/build.log"
+    kept_log = f"{BUILD_LOG_DIR}/apex-build-{key}.log"
+    host.log(
+        f"apex build as {account} (minutes; compiles C++/CUDA): log on this host at {log}, "
+        f"kept as {kept_log}"
+    )
+    yield StringCommand(prepare_script(account, home))
+    # the env, once: the training user's tar into the build account's own copy
+    q_snap = QuoteString(snap)
+    yield StringCommand(
+        as_user(user, StringCommand("tar -C", QuoteString(env_dir), "-cf - .")),
+        "</dev/null |",
+        as_user(
+            account,
+            StringCommand(
+                "mkdir",
+                q_snap,
+                "&& tar -C",
+                q_snap,
+                "--no-same-owner -xf - && test -e",
+                QuoteString(snap_python),
+            ),  # fmt: skip
         ),
     )
+    q_src = QuoteString(src)
     clone = StringCommand("git clone --quiet", QuoteString(remote), q_src)
-    yield proxied(as_user(user, clone), proxy)
+    yield proxied(as_user(account, clone), proxy)
     yield as_user(
-        user,
+        account,
         StringCommand(
             "git -C", q_src, "-c advice.detachedHead=false checkout --quiet", QuoteString(ref)
         ),
     )
     yield as_user(
-        user,
+        account,
         StringCommand(
             "head=$(git -C",
             q_src,
@@ -169,103 +260,90 @@ def build_wheel(
     settings: list[str | QuoteString] = []
     for option in build_options:
         settings += ["--config-settings", QuoteString(f"--build-option={option}")]
-    watch = Stopwatch("apex build", log=log)
-    yield watch.start()
-    yield as_user(
-        user,
-        StringCommand(
-            "start=$(date +%s) && cd",
-            q_src,
-            "&& env",
-            QuoteString(f"CUDA_HOME={cuda_home}"),
-            QuoteString(f"TORCH_CUDA_ARCH_LIST={arch_list}"),
-            QuoteString(f"MAX_JOBS={max_jobs}"),
-            pip_command(
-                python,
-                "wheel -v --no-cache-dir --no-build-isolation --no-deps -w",
-                QuoteString(wheels),
-                *settings,
-                "./",
-            ),
-            ">",
-            QuoteString(log),
-            "2>&1 || { tail -n 40",
-            QuoteString(log),
-            "; echo",
-            QuoteString("apex build failed after"),
-            '"$(( $(date +%s) - start ))s, full log:"',
-            QuoteString(log),
-            ">&2; exit 1; }; echo",
-            QuoteString("apex build took"),
-            '"$(( $(date +%s) - start ))s, log:"',
-            QuoteString(log),
-            "| tee -a",
-            QuoteString(log),
+    build = StringCommand(
+        "mkdir -p",
+        QuoteString(wheels),
+        QuoteString(f"{home}/tmp"),
+        "&& start=$(date +%s) && cd",
+        q_src,
+        "&& env -i",
+        QuoteString(
+            f"PATH={cuda_home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         ),
+        QuoteString(f"HOME={home}"),
+        QuoteString(f"TMPDIR={home}/tmp"),
+        "PIP_CONFIG_FILE=/dev/null PYTHONNOUSERSITE=1 LANG=C.UTF-8",
+        QuoteString(f"CUDA_HOME={cuda_home}"),
+        QuoteString(f"TORCH_CUDA_ARCH_LIST={arch_list}"),
+        QuoteString(f"MAX_JOBS={max_jobs}"),
+        QuoteString(snap_python),
+        "-I -m pip --disable-pip-version-check",
+        "wheel -v --no-cache-dir --no-build-isolation --no-deps -w",
+        QuoteString(wheels),
+        *settings,
+        "./",
+        ">",
+        QuoteString(log),
+        "2>&1 || { tail -n 40",
+        QuoteString(log),
+        "; echo",
+        QuoteString("apex build failed after"),
+        '"$(( $(date +%s) - start ))s, full log:"',
+        QuoteString(kept_log),
+        ">&2; exit 1; }; echo",
+        QuoteString("apex build took"),
+        '"$(( $(date +%s) - start ))s, log:"',
+        QuoteString(kept_log),
+        "| tee -a",
+        QuoteString(log),
+        "&& cd",
+        QuoteString(wheels),
+        "&& tar -cf",
+        QuoteString(f"{home}/{WHEEL_TAR}"),
+        "apex-*.whl",
+    )
+    watch = Stopwatch("apex build", log=log)  # kept_log once it ended
+    yield watch.start()
+    # the build and root's collection in one command: a failed build leaves no account behind
+    yield StringCommand(
+        as_user(account, build),
+        "; rc=$?;",
+        StringCommand(collect_script(account, home, built_tar(STAGE_DIR, key), kept_log)),
+        "|| exit 1; exit $rc",
     )
     yield watch.stop()
-    yield as_user(
-        user,
-        StringCommand(
-            "cd",
-            QuoteString(wheels),
-            "&& tar -cf",
-            QuoteString(f"{tar}.part"),
-            "apex-*.whl && sha256sum",
-            QuoteString(f"{tar}.part"),
-            "| cut -c1-64 >",
-            QuoteString(f"{tar}.sha256.part"),
-            "&& mv",
-            QuoteString(f"{tar}.part"),
-            QuoteString(tar),
-            "&& mv",
-            QuoteString(f"{tar}.sha256.part"),
-            QuoteString(f"{tar}.sha256"),
-        ),
-    )
 
 
 @operation()
-def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True, user: str | None = None):
+def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
     """
-    Copy the builder's wheel tar and its sum to the controller cache; record the sum.
+    Copy root's copy of the wheel tar and root's sum of it to the controller; record the sum.
 
-    + remote_tar: the tar on the builder (``remote_tar.sha256``: its sum, written by the build)
+    + remote_tar: root's copy on the builder (``built_tar``; ``remote_tar.sha256``: root's sum,
+      taken after the build account was gone, :func:`build_wheel`)
     + local_tar: where the controller keeps it (one dir per build key)
     + needed: False on hosts that did not build it (no-op)
-    + user: the training user, who reads both (default: the host's spec's ``user.name``)
-
-    Root never reads the user's files (a link there would hand the controller any file of
-    root's): the user's ``cat`` streams each into root's 0700 stage dir, fetched from there.
 
     Both land under temporary names; ``local_tar.sha256`` is written (temp name, then rename)
-    and the tar renamed into place only after the copy matches the builder's sum and is a
-    complete wheel tar, so an interrupted copy is never taken for the wheel.
+    and the tar renamed into place only after the copy matches root's sum and is a complete
+    wheel tar, so an interrupted copy is never taken for the wheel. Root's copies on the
+    builder are removed after the fetch.
     """
     if not needed:
         host.noop("apex wheel: not built here")
         return
-    if user is None:
-        user = spec_for_host(host).user.name
     part, part_sum = f"{local_tar}.part", f"{local_tar}.part.sha256"
-    staged = posixpath.join(STAGE_DIR, f"fetch-{posixpath.basename(posixpath.dirname(remote_tar))}")
-    yield StringCommand("install -d -m 700", QuoteString(STAGE_DIR))
-    for src, dest, name in (
-        (remote_tar, part, f"{staged}.tar"),
-        (f"{remote_tar}.sha256", part_sum, f"{staged}.sha256"),
-    ):
-        read = StringCommand("timeout", str(READ_TIMEOUT_S), "cat --", QuoteString(src))
-        yield StringCommand(as_user(user, read), "</dev/null >", QuoteString(name))
+    for src, dest in ((remote_tar, part), (f"{remote_tar}.sha256", part_sum)):
         yield from files.get._inner(
-            src=name, dest=dest, add_deploy_dir=False, create_local_dir=True, force=True
+            src=src, dest=dest, add_deploy_dir=False, create_local_dir=True, force=True
         )
-    yield StringCommand("rm -f", QuoteString(f"{staged}.tar"), QuoteString(f"{staged}.sha256"))
+    yield StringCommand("rm -f", QuoteString(remote_tar), QuoteString(f"{remote_tar}.sha256"))
 
     def _record(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
         want, got = recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
         problem = None
         if want is None or got != want:
-            problem = f"copy has sha256 {got}, the build wrote {want} (cut short or swapped)"
+            problem = f"copy has sha256 {got}, the builder's root took {want} (cut short)"
         else:
             problem = complete_wheel_tar(part)
         if problem:

@@ -35,7 +35,14 @@ from operations.refuse import refuse
 from p40fleet.proxy import shell_prefix
 from p40fleet.spec import Proxy, StackSpec
 
-__all__ = ["artifact", "artifact_path", "download_command", "fetch", "format_bytes"]
+__all__ = [
+    "artifact",
+    "artifact_path",
+    "download_command",
+    "fetch",
+    "format_bytes",
+    "parent_remedy",
+]
 
 
 def format_bytes(count: int) -> str:
@@ -194,6 +201,16 @@ def download_command(
     return StringCommand("sh", "-c", QuoteString(script))
 
 
+def parent_remedy(problem: str, field: str) -> str:
+    """The fix for :func:`facts.artifacts.parent_problem`'s ``problem`` (``PATH is ...``)."""
+    where = problem.split(" is ", 1)[0]
+    return (
+        f"make {where} root's (chown root:root {where} && chmod go-w {where}, or chmod +t "
+        f"{where} if others must write there), or set {field} to a directory whose parents "
+        "only root can change (e.g. under /var/cache)"
+    )
+
+
 @operation()
 def fetch(
     url: str,
@@ -225,6 +242,15 @@ def fetch(
             "could put a file there that root then runs",
             remedy=f"chown root:root {dest_dir} && chmod 0755 {dest_dir}, or set "
             "stack.paths.artifact_cache to a directory only root can write",
+        )
+        return
+
+    if state.parent_problem:
+        yield from refuse._inner(
+            step=f"download {filename}",
+            reason=f"the artifact cache {dest_dir}: {state.parent_problem}: that account could "
+            "swap the cache dir for one holding its own file, which root then runs (S7)",
+            remedy=parent_remedy(state.parent_problem, "stack.paths.artifact_cache"),
         )
         return
 

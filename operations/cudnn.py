@@ -12,6 +12,7 @@ import posixpath
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from facts.artifacts import UnsafeParent
 from facts.cudnn import (
     CudnnExtracted,
     CudnnFiles,
@@ -20,6 +21,7 @@ from facts.cudnn import (
     cudnn_marker_path,
 )
 from facts.survey import ask
+from operations.artifacts import parent_remedy
 from operations.refuse import refuse
 
 __all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify"]
@@ -82,8 +84,20 @@ def extract(
     + version: the pinned version, e.g. ``8.9.7.29``
     + force: unpack again (policy.force_reinstall)
     + sha256: the archive's pinned sum; a marker naming another archive means unpack again
+
+    Refuses the host when another account than root could rename ``extract_dir`` or a
+    directory above it (``facts.artifacts.UnsafeParent``).
     """
     tree = extracted_dir(extract_dir, archive)
+    unsafe = ask(host, UnsafeParent, path=extract_dir)
+    if unsafe:
+        yield from refuse._inner(
+            step="cuDNN extract",
+            reason=f"{extract_dir}: {unsafe}: that account could swap the tree root hard-links "
+            "into the CUDA dir (S7)",
+            remedy=parent_remedy(unsafe, "stack.paths.cudnn_extract_dir"),
+        )
+        return
     found = ask(host, CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h")
     marker = ask(host, CudnnExtracted, tree=tree)
     complete = marker is not None and (sha256 is None or marker == sha256.lower())

@@ -24,7 +24,7 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import Groups, Users
 
 from facts.apt_source import AptSources
-from facts.artifacts import ArtifactState
+from facts.artifacts import ArtifactState, UnsafeParent
 from facts.conda import (
     CondaInstall,
     CondaTos,
@@ -131,6 +131,7 @@ def system_parts(spec: StackSpec) -> list[Part]:
     tree = cudnn.extracted_dir(paths.cudnn_extract_dir, _artifact_path(spec, "cudnn"))
     parts = [
         part(PathDevice, path=paths.cudnn_extract_dir),
+        part(UnsafeParent, path=paths.cudnn_extract_dir),
         part(PathDevice, path=paths.cuda_dir),
         part(FileStampFact, path=nouveau.BLACKLIST_FILE),
         part(InitramfsMtime),

@@ -23,11 +23,15 @@ if TYPE_CHECKING:  # the spec is only read here, never built: no import cycle, n
     from p40fleet.spec import StackSpec
 
 __all__ = [
+    "BUILD_ACCOUNT",
+    "BUILD_HOME",
+    "BUILD_LOG_DIR",
     "GIB_PER_JOB",
     "KEY_FILE",
     "WHEEL_TAR",
     "ApexBuild",
     "arch_list",
+    "built_tar",
     "complete_wheel_tar",
     "controller_wheel",
     "controller_wheel_ok",
@@ -45,6 +49,13 @@ KEY_FILE = ".p40fleet-apex-key"
 #: The built wheel travels as a tar holding exactly one ``apex-*.whl`` (its name is only known
 #: after the build; the tar's name is fixed so files.get/put can name it beforehand).
 WHEEL_TAR = "apex-wheel.tar"
+#: S8: the account the wheel is compiled as: a system account nothing else runs as (no login
+#: shell, no password), created for each build in a fresh home and removed after it.
+BUILD_ACCOUNT = "p40fleet-apex"
+#: Its home and the build's only directory (env snapshot, source, wheels, log), outside /home.
+BUILD_HOME = "/var/lib/p40fleet/apex-build"
+#: Root keeps each build's log here (the build's home is removed after the build).
+BUILD_LOG_DIR = "/var/log/p40fleet"
 #: Peak memory of one nvcc job compiling apex's CUDA kernels is roughly 2-4 GiB.
 GIB_PER_JOB = 4
 #: Extension modules a CUDA build adds to ``apex, apex_C`` (imported to prove the install).
@@ -135,8 +146,15 @@ def first_builder(
 
 
 def host_work_dir(home: str, key: str) -> str:
-    """The build/transfer dir for ``key`` under the training user's home."""
+    """Where the wheel tar for ``key`` is uploaded under the training user's home (every host,
+    the builder too: the build itself runs as the build account, outside the home)."""
     return f"{home.rstrip('/')}/.cache/p40fleet/apex/{key}"
+
+
+def built_tar(stage_dir: str, key: str) -> str:
+    """Root's own copy of the wheel tar on the builder (taken out of the build's home once the
+    build account is gone); its sha256, computed by root, is ``built_tar(...) + ".sha256"``."""
+    return f"{stage_dir.rstrip('/')}/apex-{key}.tar"
 
 
 def host_sum(artifact_cache: str, key: str) -> str:

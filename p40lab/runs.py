@@ -108,3 +108,16 @@ def run(deploy: str, *args: str, inventory: str = SIM_INVENTORY, env: dict | Non
         argv, proc.returncode, seconds, proc.stdout, connected, changed, unchanged, errors, served,
         parse_operations(proc.stdout),
     )  # fmt: skip
+
+
+def apex_builds(root: Path) -> list[str]:
+    """The Apex stand-in's build lines on a lab host (``root``: its filesystem): each build's
+    output is kept by p40fleet in ``/var/log/p40fleet/apex-build-KEY.log`` (appended)."""
+    lines = []
+    for log in sorted((Path(root) / "var/log/p40fleet").glob("apex-build-*.log")):
+        lines += [  # pip -v indents the build's output
+            line.strip().split(": ", 1)[1]
+            for line in log.read_text(errors="replace").splitlines()
+            if line.strip().startswith("p40lab-apex-build: ")
+        ]
+    return lines

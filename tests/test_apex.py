@@ -272,19 +272,26 @@ def test_the_spec_derives_the_apex_build_once():
 # -- apex ----------------------------------------------------------------------------------
 
 
-def _build_op(cuda_ext=True, tar=None):
+BUILD = apex_build.BUILD_HOME
+ACCOUNT = apex_build.BUILD_ACCOUNT
+AS_ACCOUNT = f"su -s /bin/sh {ACCOUNT} -c "
+
+
+def _build_op(cuda_ext=True):
     return run_op(
         apex.build_wheel,
         python=PY,
+        env_dir=ENV,
         remote="http://m/git/apex.git",
         ref="25.09",
         commit="4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49",
-        work_dir="/w",
+        key="K",
         cuda_home="/usr/local/cuda-11.8",
         arch_list="6.0;6.1",
         max_jobs=6,
         cuda_ext=cuda_ext,
-        facts={File: tar},
+        user="verl",
+        facts={},
     )
 
 
@@ -292,34 +299,88 @@ def test_build_wheel_flags():
     result = _build_op()
     build = next(c for c in result.commands if " wheel " in c)
     assert "CUDA_HOME=/usr/local/cuda-11.8" in build
-    assert "'TORCH_CUDA_ARCH_LIST=6.0;6.1'" in build and "MAX_JOBS=6" in build
-    for flag in ("--no-build-isolation", "--no-deps", "-w /w/wheels"):
+    assert "TORCH_CUDA_ARCH_LIST=6.0;6.1" in build and "MAX_JOBS=6" in build
+    for flag in ("--no-build-isolation", "--no-deps", f"-w {BUILD}/wheels"):
         assert flag in build
     assert "--config-settings --build-option=--cpp_ext" in build
     assert "--config-settings --build-option=--cuda_ext" in build
-    assert any("git clone --quiet http://m/git/apex.git /w/src" == c for c in result.commands)
+    assert f"{AS_ACCOUNT}'git clone --quiet http://m/git/apex.git {BUILD}/src'" in result.commands
     assert any("4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49" in c for c in result.commands)
-    # the tar and its sum from the same command, each renamed into place when complete
-    assert (
-        "sha256sum /w/apex-wheel.tar.part | cut -c1-64 > /w/apex-wheel.tar.sha256.part"
-        in (result.commands[-1])
-    )
-    assert result.commands[-1].endswith("mv /w/apex-wheel.tar.sha256.part /w/apex-wheel.tar.sha256")
-    # issue 13: the build says where its log is and how long it took
-    assert "apex build took" in build and "/w/build.log" in build and "start=$(date +%s)" in build
-    assert any("log on this host at /w/build.log" in line for line in result.logs)
+    # issue 13: the build says where its log is (kept by root after) and how long it took
+    assert "apex build took" in build and f"{BUILD}/build.log" in build
+    assert "start=$(date +%s)" in build and "/var/log/p40fleet/apex-build-K.log" in build
+    assert any(f"log on this host at {BUILD}/build.log" in line for line in result.logs)
 
 
 def test_build_wheel_cpu_torch_has_no_cuda_ext():
     assert "--cuda_ext" not in " ".join(_build_op(cuda_ext=False).commands)
 
 
-def test_build_wheel_rebuilds_a_tar_this_run_has_no_sum_for():
-    """S8: a tar already in ~verl/.cache (the training user's) is not taken as the build."""
-    result = _build_op(tar={"size": 1})
-    assert any(" wheel " in c for c in result.commands) and not result.noops
-    assert result.commands[0].startswith("rm -rf /w/src /w/wheels /w/apex-wheel.tar ")
-    assert any("not trusted" in line for line in result.logs)
+def test_build_runs_as_a_fresh_build_account_from_a_snapshot_and_root_takes_the_sum():
+    """S8: the training user (a .pth in its env, a Ray job) can no longer plant the wheel or
+    its sum: the build is the build account's, from a copy of the env taken at its start,
+    and the sum is root's, of root's copy, taken after the account is gone."""
+    commands = _build_op().commands
+    prepare, snapshot, *steps = [c for c in commands if not c.startswith("function ")]
+    # a system account with no login shell, created afresh (a leftover killed and removed)
+    assert prepare.index(f"pkill -KILL -u {ACCOUNT}") < prepare.index(f"userdel {ACCOUNT}")
+    assert prepare.index(f"userdel {ACCOUNT}") < prepare.index(f"rm -rf {BUILD} ")
+    assert (
+        f"useradd --system --user-group --no-create-home --home-dir {BUILD} "
+        f"--shell /usr/sbin/nologin {ACCOUNT}" in prepare
+    )
+    assert prepare.endswith(f"install -d -m 700 -o {ACCOUNT} -g {ACCOUNT} {BUILD}")
+    assert not BUILD.startswith("/home/")
+    # the training user's one command: its env streamed into the build account's own copy
+    assert snapshot.startswith(f"su -s /bin/sh verl -c 'tar -C {ENV} -cf - .' </dev/null | ")
+    assert f"| {AS_ACCOUNT}'mkdir {BUILD}/env && tar -C {BUILD}/env --no-same-owner -xf -" in (
+        snapshot
+    )
+    assert all("/home/verl" not in c for c in steps)  # nothing else reads the user's files
+    # clone, checkout, commit check and the build as the account; its snapshot's python, -I
+    build, collect = steps[-1].split("; rc=$?; ", 1)
+    assert all(c.startswith(AS_ACCOUNT) for c in [*steps[:-1], build]), steps
+    assert "env -i PATH=/usr/local/cuda-11.8/bin:" in build
+    assert f"HOME={BUILD} TMPDIR={BUILD}/tmp PIP_CONFIG_FILE=/dev/null PYTHONNOUSERSITE=1" in build
+    assert f" {BUILD}/env/bin/python -I -m pip --disable-pip-version-check wheel " in build
+    assert "sha256sum" not in build  # the account writes no sum any more
+    # root, after the build: account gone, then its own copy and its own sum of that copy
+    staged = apex_build.built_tar(STAGE_DIR, "K")
+    assert not collect.startswith("su ") and "su -s" not in collect
+    assert collect.index(f"userdel {ACCOUNT}") < collect.index(f"cp -- {BUILD}/apex-wheel.tar")
+    assert f"cp -- {BUILD}/apex-wheel.tar {staged} && sha256sum {staged} | cut -c1-64 >" in collect
+    assert collect.endswith(f"rm -rf {BUILD} || exit 1; exit $rc")
+
+
+def test_collect_script_for_real_copies_a_regular_tar_and_refuses_a_link(tmp_path):
+    """Root's part after the build, run here (an account that does not exist: nothing to kill):
+    its copy and its sum; a link at the tar's place (to a root file) is never copied."""
+    home, staged = tmp_path / "build", tmp_path / "stage" / "apex-K.tar"
+    kept = tmp_path / "log" / "apex-build-K.log"
+    account = "p40fleet-no-such-account"
+
+    def collect() -> subprocess.CompletedProcess:
+        script = apex.collect_script(account, str(home), str(staged), str(kept))
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+
+    home.mkdir()
+    (home / "build.log").write_text("p40lab-apex-build: apex ... user=x\n")
+    _wheel_tar(str(home / "apex-wheel.tar"))
+    want = apex_build.sha256_of(str(home / "apex-wheel.tar"))
+    ok = collect()
+    assert ok.returncode == 0, ok.stderr
+    assert apex_build.sha256_of(str(staged)) == want
+    assert apex_build.recorded_sum(f"{staged}.sha256") == want
+    assert not home.exists()  # the build's home is gone with it
+    assert "p40lab-apex-build: apex" in kept.read_text()
+    victim = tmp_path / "shadow"
+    victim.write_text("root:$6$secret\n")
+    home.mkdir()
+    (home / "apex-wheel.tar").symlink_to(victim)
+    bad = collect()
+    assert bad.returncode == 1 and "no apex-wheel.tar (a regular file)" in bad.stderr
+    assert not staged.exists() and not home.exists()
+    assert kept.read_text().count("=== apex build") == 1  # no log this time: nothing appended
 
 
 def _wheel_tar(path, payload=b"compiled"):
@@ -376,6 +437,22 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
         True,
         f"{local} matches its recorded sha256 {full}",
     )
+
+
+def test_fetch_wheel_takes_roots_copy_and_roots_sum_never_the_users(tmp_path):
+    """S8: before, the training user's ``cat`` streamed the tar and the sum it wrote."""
+    staged = apex_build.built_tar(STAGE_DIR, "K")
+    local = str(tmp_path / "ctl" / "apex-wheel.tar")
+    result = run_op(
+        apex.fetch_wheel, remote_tar=staged, local_tar=local, facts={}, default_facts=True
+    )
+    assert not any("su -s" in c or "/home/verl" in c for c in result.commands), result.commands
+    assert result.commands == [
+        f"FileDownloadCommand({staged}, {local}.part)",
+        f"FileDownloadCommand({staged}.sha256, {local}.part.sha256)",
+        f"rm -f {staged} {staged}.sha256",
+        "function _record",
+    ]
 
 
 def test_controller_tar_whose_recorded_sum_does_not_match_is_refused(tmp_path):
@@ -483,3 +560,88 @@ def test_put_wheel_fails_clearly_without_controller_copy(tmp_path):
         for c in result.commands
     )
     assert result.functions[0].function(None, LOG_HOST) is False
+
+
+def _can_unshare() -> bool:
+    if os.getuid() != 0 or not all(
+        os.path.exists(p) for p in ("/usr/sbin/useradd", "/usr/bin/unshare")
+    ):
+        return False
+    return subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root, unshare -m and useradd")
+def test_build_for_real_as_the_build_account_ignores_what_the_user_plants_after_it_started():
+    """S8 end to end on this machine, in a private mount namespace whose /etc is a copy (the
+    account is created there, never on this machine): the build account builds from its
+    snapshot; a .pth the training user (here: nobody) plants in its env after the snapshot never
+    runs in the build; root's copy and sum remain, the account, its group and home do not."""
+    import shutil
+    import tempfile
+    import textwrap
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="p40fleet-s8-"))  # pytest's tmp is root's 0700
+    try:
+        tmp_path.chmod(0o755)
+        _build_for_real(tmp_path, textwrap)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _build_for_real(tmp_path, textwrap):
+    env = tmp_path / "env"  # the training user's env
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(env)], check=True)  # fmt: skip
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "setup.py").write_text(textwrap.dedent("""\
+        import os, pwd, sys
+        from setuptools import setup
+        print("built-as", pwd.getpwuid(os.getuid()).pw_name, "isolated", sys.flags.isolated)
+        open("LEFTOVER", "w").write("left in /tmp by the build account")
+        setup(name="apex", version="0.1", py_modules=["apexmod"])
+        """))  # fmt: skip
+    leftover = f"/tmp/{tmp_path.name}-leftover"  # the account's own file in the shared /tmp
+    setup = pkg / "setup.py"
+    setup.write_text(setup.read_text().replace("LEFTOVER", leftover))
+    (pkg / "apexmod.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "i"], ["tag", "25.09"]):
+        subprocess.run([*git, *args], cwd=pkg, check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pkg, capture_output=True,
+                            text=True, check=True).stdout.strip()  # fmt: skip
+    repo = tmp_path / "apex.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(pkg), str(repo)], check=True)
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(env)], check=True)
+    site = next(env.glob("lib/python3*/site-packages"))
+    home, stage, logs = tmp_path / "b" / "apex-build", tmp_path / "stage", tmp_path / "log"
+    result = run_op(
+        apex.build_wheel, python=f"{env}/bin/python", env_dir=str(env), remote=str(repo),
+        ref="25.09", commit=commit, key="K", cuda_home="/nonexistent", arch_list="",
+        max_jobs=1, cuda_ext=False, user="nobody", home=str(home), facts={},
+    )  # fmt: skip
+    cmds = [c.replace(STAGE_DIR, str(stage)).replace(apex_build.BUILD_LOG_DIR, str(logs))
+            for c in result.commands if not c.startswith("function ")]  # fmt: skip
+    (tmp_path / "zz.pth").write_text("import sys; print('PLANTED')\n")
+    plant = f"su -s /bin/sh nobody -c 'cp {tmp_path}/zz.pth {site}/zz.pth'"
+    # a local bare repo must be the cloner's own (git's safe.directory): given to it once made
+    own = f"chown -R {ACCOUNT} {repo}"
+    script = "set -e\n" + "\n".join([cmds[0], own, cmds[1], plant, *cmds[2:]]) + "\n"
+    (tmp_path / "build.sh").write_text(script)
+    subprocess.run(["cp", "-a", "/etc", str(tmp_path / "etc")], check=True)
+    inner = (f"mount --bind {tmp_path}/etc /etc && sh {tmp_path}/build.sh; rc=$?; "
+             f"getent passwd {ACCOUNT}; getent group {ACCOUNT}; exit $rc")  # fmt: skip
+    out = subprocess.run(["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ACCOUNT not in out.stdout  # account and group removed after the build
+    assert "PLANTED" in subprocess.run([f"{env}/bin/python", "-c", ""], capture_output=True,
+                                       text=True).stdout  # fmt: skip  # the plant is real
+    log = (logs / "apex-build-K.log").read_text()
+    assert f"built-as {ACCOUNT} isolated 0" in log and "PLANTED" not in log, log
+    assert not home.exists() and not os.path.exists(leftover)
+    tar = stage / "apex-K.tar"
+    assert apex_build.recorded_sum(f"{tar}.sha256") == apex_build.sha256_of(str(tar))
+    assert apex_build.complete_wheel_tar(str(tar)) is None
+    assert os.stat(tar).st_uid == 0 and os.stat(f"{tar}.sha256").st_uid == 0

@@ -618,3 +618,80 @@ def test_url_and_file_name_are_never_parsed_by_the_shell(tmp_path):
     assert f"sha256 mismatch for {name} (from file://" in out.stderr, out.stderr
     assert "a.run?$(touch${IFS}U)" in out.stderr
     assert not [n for n in ("X", "Y", "Z", "U") if (tmp_path / n).exists()]
+
+
+# --- S7: a parent another account could rename ------------------------------------------
+
+
+def test_cache_whose_parent_another_account_could_rename_refuses_the_host():
+    state = ArtifactFile(
+        size=10, mtime=5, marker_size=10, marker_mtime=5, marker_sha256=SUM,
+        parent_problem="/data is owned by uid 2001, not root",
+    )  # fmt: skip
+    assert not state.verified(SUM)  # the marker is not believed either
+    r = run_op(
+        artifacts.fetch,
+        url="http://x/y.run",
+        sha256=SUM,
+        dest_dir="/data/p40fleet-cache",
+        facts={ArtifactState: state},
+    )
+    assert r.commands == ["function _fail"]
+    (message,) = r.failures
+    assert "download y.run" in message and "/data is owned by uid 2001, not root" in message
+    assert "chown root:root /data && chmod go-w /data" in message
+    assert "stack.paths.artifact_cache" in message
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root (chown to another uid)")
+def test_parent_walk_for_real_names_the_parent_another_uid_owns(tmp_path):
+    from facts.artifacts import UnsafeParent
+
+    tmp_path.chmod(0o755)
+    data = tmp_path / "data"
+    cache = data / "p40fleet-cache"
+    cache.mkdir(parents=True)
+    data.chmod(0o755)
+    f = cache / "y.run"
+    f.write_bytes(b"x")
+    st = f.stat()
+    (cache / "y.run.verified").write_text(f"{st.st_size} {int(st.st_mtime)} {SUM}\n")
+    assert fact_on_this_machine(UnsafeParent, path=str(cache)) is None
+    assert fact_on_this_machine(ArtifactState, path=str(f)).verified(SUM)
+    # the review's S7b: root's cache, verified, inside a dir of uid 65534
+    os.chown(data, 65534, 65534)
+    want = f"{data} is owned by uid 65534, not root"
+    assert fact_on_this_machine(UnsafeParent, path=str(cache)) == want
+    assert fact_on_this_machine(UnsafeParent, path=str(cache / "not-made-yet")) == want
+    state = fact_on_this_machine(ArtifactState, path=str(f))
+    assert state.parent_problem == want and not state.verified(SUM)
+    os.chown(data, 0, 0)
+    # world-writable without the sticky bit: anyone renames; with it (like /tmp): safe
+    data.chmod(0o777)
+    assert fact_on_this_machine(UnsafeParent, path=str(cache)) == (
+        f"{data} is mode 0777 (others can rename its entries)"
+    )
+    data.chmod(0o1777)
+    assert fact_on_this_machine(UnsafeParent, path=str(cache)) is None
+    # group-writable by a group other than root's
+    data.chmod(0o775)
+    os.chown(data, 0, 65534)
+    assert "group 65534" in fact_on_this_machine(UnsafeParent, path=str(cache))
+    os.chown(data, 0, 0)
+    assert fact_on_this_machine(UnsafeParent, path=str(cache)) is None
+    # a link on the way: its target's parents count, and a link of another uid is unsafe
+    elsewhere = tmp_path / "disk"
+    elsewhere.mkdir(mode=0o755)
+    os.chown(elsewhere, 65534, 65534)
+    (elsewhere / "cache").mkdir(mode=0o755)
+    link = tmp_path / "via"
+    link.symlink_to(elsewhere)
+    assert fact_on_this_machine(UnsafeParent, path=f"{link}/cache") == (
+        f"{elsewhere} is owned by uid 65534, not root"
+    )
+    os.chown(elsewhere, 0, 0)
+    assert fact_on_this_machine(UnsafeParent, path=f"{link}/cache") is None
+    os.lchown(link, 65534, 65534)
+    assert fact_on_this_machine(UnsafeParent, path=f"{link}/cache") == (
+        f"{link} is a symbolic link owned by uid 65534, not root"
+    )

@@ -6,6 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from facts.artifacts import UnsafeParent
 from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
 from operations import cudnn
 from tests.opharness import at, run_op
@@ -64,7 +65,7 @@ def test_extract_into_partial_then_rename_then_mark_and_noop_when_marked():
         extract_dir=SRC_ROOT,
         version="8.9.7.29",
         sha256=ARCHIVE_SUM,
-        facts={at(CudnnHeaderVersion, path=header): None, CudnnExtracted: None},
+        facts={at(CudnnHeaderVersion, path=header): None, CudnnExtracted: None, UnsafeParent: None},
     )
     (cmd,) = r.commands
     assert f"tar -xf {TAR} -C {TREE}.partial" in cmd
@@ -78,7 +79,11 @@ def test_extract_into_partial_then_rename_then_mark_and_noop_when_marked():
         extract_dir=SRC_ROOT,
         version="8.9.7.29",
         sha256=ARCHIVE_SUM,
-        facts={CudnnHeaderVersion: "8.9.7", at(CudnnExtracted, tree=TREE): ARCHIVE_SUM},
+        facts={
+            CudnnHeaderVersion: "8.9.7",
+            at(CudnnExtracted, tree=TREE): ARCHIVE_SUM,
+            UnsafeParent: None,
+        },
     )
     assert r.commands == [] and r.noops
 
@@ -92,7 +97,7 @@ def test_tree_without_completion_marker_is_extracted_again():
             extract_dir=SRC_ROOT,
             version="8.9.7.29",
             sha256=ARCHIVE_SUM,
-            facts={CudnnHeaderVersion: "8.9.7", CudnnExtracted: marker},
+            facts={CudnnHeaderVersion: "8.9.7", CudnnExtracted: marker, UnsafeParent: None},
         )
         assert len(r.commands) == 1 and "tar -xf" in r.commands[0]
     assert "no completion marker" in r.logs[0]
@@ -137,6 +142,7 @@ def test_interrupted_extract_is_redone_for_real(tmp_path):
     facts = {
         CudnnHeaderVersion: _fact(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h"),
         CudnnExtracted: _fact(CudnnExtracted, tree=tree),
+        UnsafeParent: None,
     }
     assert facts[CudnnHeaderVersion] == "8.9.7" and facts[CudnnExtracted] is None
     r = run_op(cudnn.extract, archive=str(archive), extract_dir=str(src), version="8.9.7.29",
@@ -298,3 +304,19 @@ def test_header_fact_parses_a_real_cudnn_version_h():
     path = str(FIXTURES / "cudnn_version.h-8.9.1-full-xiaohaoo-yolo-tensorrt.h")
     assert local_fact(CudnnHeaderVersion, path=path) == "8.9.1"
     assert local_fact(CudnnHeaderVersion, path="/nonexistent/cudnn_version.h") is None
+
+
+def test_extract_refuses_a_dir_another_account_could_rename():
+    # S7: root extracts there, then hard-links the tree into the CUDA dir
+    r = run_op(
+        cudnn.extract,
+        archive=TAR,
+        extract_dir="/data/src",
+        version="8.9.7.29",
+        sha256=ARCHIVE_SUM,
+        facts={UnsafeParent: "/data is owned by uid 2001, not root"},
+    )
+    assert r.commands == ["function _fail"]  # the refusal only: no tar
+    (failure,) = r.failures
+    assert "/data is owned by uid 2001" in failure and "chown root:root /data" in failure
+    assert "stack.paths.cudnn_extract_dir" in failure

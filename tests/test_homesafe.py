@@ -134,13 +134,13 @@ def _scenarios(tmp: Path) -> dict[str, list[tuple[dict, dict]]]:
     }
     lock = str(REPO / "files" / "torch-requirements-lab.txt")
     return {
-        "apex.build_wheel": [({"python": PY, "remote": "http://m/apex.git", "ref": "25.09",
-                               "commit": "0" * 40, "work_dir": WORK, "cuda_home": "/usr/local/cuda",
-                               "arch_list": "6.1", "max_jobs": 2, "cuda_ext": True, "user": USER},
-                              {})],
-        "apex.fetch_wheel": [({"remote_tar": f"{WORK}/{apex_build.WHEEL_TAR}",
+        "apex.build_wheel": [({"python": PY, "env_dir": f"{ENV.conda_prefix}/envs/{ENV.name}",
+                               "remote": "http://m/apex.git", "ref": "25.09", "commit": "0" * 40,
+                               "key": KEY, "cuda_home": "/usr/local/cuda", "arch_list": "6.1",
+                               "max_jobs": 2, "cuda_ext": True, "user": USER}, {})],
+        "apex.fetch_wheel": [({"remote_tar": apex_build.built_tar(STAGE_DIR, KEY),
                                "local_tar": str(tmp / "ctl" / apex_build.WHEEL_TAR)},
-                              {})],  # the user from the host's spec
+                              {})],  # S8: root's copy on the builder, never the user's
         "apex.put_wheel": [({"local_tar": str(wheel), "remote_tar": f"{WORK}/apex-wheel.tar",
                              "user": USER}, f) for f in (missing, planted)],
         "apex.install": [({"python": PY, "wheel_tar": f"{WORK}/apex-wheel.tar", "key": KEY,

@@ -4,7 +4,6 @@ they took; the Stopwatch steps run for real against a fake host."""
 from __future__ import annotations
 
 from pyinfra.api import FunctionCommand, StringCommand
-from pyinfra.facts.files import File
 
 from facts.cuda import CudaInstall, CudaToolkit, GccMajor
 from facts.host import FreeSpace, FreeSpaceInfo
@@ -68,15 +67,18 @@ def test_apex_build_names_its_log_and_reports_its_duration():
     r = run_op(
         apex.build_wheel,
         python="/p/bin/python",
+        env_dir="/p",
         remote="http://m/git/apex.git",
         ref="25.09",
         commit="4" * 40,
-        work_dir="/w",
+        key="K",
         cuda_home="/usr/local/cuda-11.8",
         arch_list="6.1",
         max_jobs=2,
         cuda_ext=True,
-        facts={File: None},
+        user="verl",
+        home="/w",
+        facts={},
     )
     names = _names(r)
     build = next(i for i, n in enumerate(names) if " wheel " in n)

@@ -282,17 +282,18 @@ def _fetch_steps(p: Proxy | None) -> dict[str, list[str]]:
         "git clone apex": run_op(
             apex.build_wheel,
             python=PY,
+            env_dir=PY.rsplit("/bin/", 1)[0],
             remote="http://m/git/apex.git",
             ref="25.09",
             commit="4" * 40,
-            work_dir="/home/verl/w",
+            key="K",
             cuda_home="/usr/local/cuda-11.8",
             arch_list="6.1",
             max_jobs=1,
             cuda_ext=False,
             proxy=p,
             user="verl",
-            facts={File: None},
+            facts={},
         ),  # fmt: skip
     }
     tools = {

@@ -666,6 +666,24 @@ def test_dedicated_directories_and_plain_urls_are_accepted(path, value):
     load_spec("lab1", _nest(path, value))
 
 
+@pytest.mark.parametrize(
+    "home, path, value",
+    [
+        ("/srv/verl", "artifact_cache", "/srv/verl/cache"),  # the review's S7b
+        ("/data/verl", "cudnn_extract_dir", "/data/verl/src"),
+        ("/data/verl", "cudnn_extract_dir", "/data/verl"),
+        ("/data/users/verl", "artifact_cache", "/data/users/verl/.cache/p40fleet"),
+    ],
+)
+def test_root_dirs_inside_a_home_outside_slash_home_are_refused(home, path, value):
+    # S7: the training user can rename anything in its home, so it could swap the directory
+    # root runs from; /home is refused by the path rule, homes under /srv and /data by this one
+    err = refused({"user": {"home": home}, "paths": {path: value}})
+    assert err.field == f"stack.paths.{path}", str(err)
+    assert f"outside user.home {home!r}" in str(err)
+    load_spec("lab1", {"user": {"home": home}, "paths": {path: "/var/lib/p40fleet-x"}})
+
+
 @pytest.mark.parametrize("ref", ["--recurse-submodules", "-b", "-x/y"])
 def test_refs_starting_with_a_dash_are_refused(ref):
     for pin in ("apex", "verl"):

@@ -691,11 +691,30 @@ class StackSpec(BaseModel):
             for field, value in self.env.model_dump().items()
             if field != "name" and not _is_under(value, home, strict=True)
         ]
+        problems += self._root_dirs_outside_home()
         problems += self._half_done_overrides()
         problems += self._training_archives_reachable()
         if problems:
             raise _Problems(problems)
         return self
+
+    def _root_dirs_outside_home(self) -> list[Problem]:
+        """S7: root's downloads and cuDNN tree never inside user.home (a home under /srv or
+        /data passes the /home rule): the user can rename any entry of its home, so it could
+        swap the directory root runs files from. Parents outside the home are checked on the
+        host (``facts.artifacts.UnsafeParent``)."""
+        home = self.user.home
+        return [
+            Problem(
+                ("paths", field),
+                value,
+                f"expected a root-only directory outside user.home {home!r} (the training user "
+                "can rename what is inside its home and swap what root runs), e.g. "
+                f"{type(self.paths).model_fields[field].default}",
+            )
+            for field in ("artifact_cache", "cudnn_extract_dir")
+            if _is_under(value := getattr(self.paths, field), home)
+        ]
 
     def _half_done_overrides(self) -> list[Problem]:
         """A changed version with the old version's file/sum/commit left in place."""

@@ -13,8 +13,10 @@ Same build interface as NVIDIA/apex (tag 25.09):
 * ``TORCH_CUDA_ARCH_LIST``, ``MAX_JOBS``, ``NVCC_APPEND_FLAGS`` are honoured where they apply
   (MAX_JOBS by torch's ninja build) and recorded in ``apex/_build_info.py``.
 
-Every successful build appends one line to ``$P40LAB_APEX_BUILD_LOG``, else
-``/var/log/p40lab-apex-builds.log`` when writable, else ``~/.p40lab-apex-builds.log``.
+Every successful build prints one ``p40lab-apex-build: apex ... user=NAME`` line (p40fleet keeps
+the build's output in ``/var/log/p40fleet/apex-build-KEY.log``) and appends it to
+``$P40LAB_APEX_BUILD_LOG``, else ``/var/log/p40lab-apex-builds.log`` when writable, else
+``~/.p40lab-apex-builds.log``.
 """
 
 import os
@@ -160,10 +162,15 @@ def record_build():
             "python",
         )
     )
+    import pwd
+
+    entry = f"apex {line} user={pwd.getpwuid(os.getuid()).pw_name} pid={os.getpid()}"
+    # also in the build's output (pip -v): p40fleet keeps it in /var/log/p40fleet/apex-build-*
+    print(f"p40lab-apex-build: {entry}", flush=True)
     path = _build_log_path()
     try:
         with open(path, "a") as f:
-            f.write(f"apex {line} pid={os.getpid()}\n")
+            f.write(f"{entry}\n")
     except OSError as exc:
         print(f"warning: could not append to the build log {path}: {exc}")
 

@@ -75,8 +75,7 @@ def test_refusals_before_any_change_name_host_step_cause_fix(fleet):
     lab, first = fleet["lab"], fleet["first"]
     converged(first, "lab1", "lab2")
     # two hosts of one build key (4x P40): Apex compiled once, on one of them, in this run
-    logs = [lab.root(n) / "home/verl/.p40lab-apex-builds.log" for n in ("lab1", "lab2")]
-    assert sum(len(p.read_text().splitlines()) for p in logs if p.exists()) == 1
+    assert sum(len(runs.apex_builds(lab.root(n))) for n in ("lab1", "lab2")) == 1
     expected = {
         "lab3": "no NVIDIA GPU found",
         "lab4": "K80",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from p40fleet.apex_build import BUILD_ACCOUNT, BUILD_HOME
 from p40lab import httpd, mirror, runs
 
 pytestmark = pytest.mark.lab
@@ -210,15 +211,20 @@ def test_unsupported_gpu_refused_before_any_change(fleet):
 
 def test_apex_built_once_per_build_key(fleet):
     lab = fleet["lab"]
-    builds = {
-        name: len((lab.root(name) / "home/verl/.p40lab-apex-builds.log").read_text().splitlines())
-        if (lab.root(name) / "home/verl/.p40lab-apex-builds.log").exists()
-        else 0
-        for name in PROVISIONED
-    }
+    lines = {name: runs.apex_builds(lab.root(name)) for name in PROVISIONED}
+    builds = {name: len(found) for name, found in lines.items()}
     # lab1 and lab2 share a key (sm 6.1): lab1 builds, lab2 installs lab1's wheel; lab3's P100
     # (sm 6.0) is another key and builds its own.
     assert builds == {"lab1": 1, "lab2": 0, "lab3": 1}
+    # S8: compiled as the build account, which is gone afterwards with its home; nothing of
+    # the build is in the training user's home; root's copy of the tar was fetched and removed
+    for name in ("lab1", "lab3"):
+        assert all(line.endswith(f"user={BUILD_ACCOUNT} pid=" + line.rsplit("pid=", 1)[1])
+                   for line in lines[name]), lines[name]  # fmt: skip
+        gone = lab.ssh(name, f"id -u {BUILD_ACCOUNT}; getent group {BUILD_ACCOUNT}; "
+                       f"ls -d {BUILD_HOME} /var/lib/p40fleet/stage/apex-*.tar; true")  # fmt: skip
+        assert gone.stdout == "", (name, gone.stdout)
+        assert not (lab.root(name) / "home/verl/.p40lab-apex-builds.log").exists(), name
 
 
 def test_second_run_changes_nothing_and_downloads_nothing(fleet):
