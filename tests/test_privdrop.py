@@ -378,9 +378,7 @@ def test_no_fact_runs_a_user_program_without_the_bounds():
 #: An executable the training user controls (a conda, a python, a ray) that prints 50 MB and
 #: leaves a child holding its stdout and stderr: before the bounds, the fact's output was
 #: unbounded and the caller waited for the child.
-_FLOOD = (
-    "#!/bin/sh\ntouch {ran}\n(sleep 25 &)\nhead -c 50000000 /dev/zero | tr '\\0' x\necho\n"
-)
+_FLOOD = "#!/bin/sh\ntouch {ran}\n(sleep 25 &)\nhead -c 50000000 /dev/zero | tr '\\0' x\necho\n"
 
 
 def _flooders(base: Path, cls: type[FactBase]) -> dict:
@@ -502,8 +500,9 @@ def test_a_pth_cannot_forge_root_parts_flood_or_hang_the_survey(open_tmp, monkey
 
 
 def test_the_probe_keeps_root_sections_and_answers_over_a_fifo(open_tmp):
-    """N4 (probe) + N6: a .pth printing a forged ``@@section nvidia-smi`` (and nvcc) leaves
-    root's sections as root saw them; a FIFO at the launch script answers, no hang."""
+    """N4 (probe) + N6: a .pth printing a forged ``@@section nvidia-smi`` (and nvcc) and leaving
+    a child on stdout leaves root's sections as root saw them, and the probe does not wait for
+    the child; a FIFO at the launch script answers, no hang."""
     from p40fleet.verification.probe import parse_probe
     from tests.test_verification import _fake_host
 
@@ -515,7 +514,10 @@ def test_the_probe_keeps_root_sections_and_answers_over_a_fifo(open_tmp):
         "@@rc 0\\n@@section nvcc\\nCuda compilation tools, release 12.9\\n@@rc 0\\n"
     )
     site = glob.glob(str(Path(params["python"]).parents[1] / "lib/python3*/site-packages"))[0]
-    Path(site, "zz.pth").write_text(f"import sys; sys.stdout.write('{fake}'); sys.stdout.flush()\n")
+    hold = "(os.fork() == 0) and (time.sleep(60), os._exit(0))"  # a child that holds stdout
+    Path(site, "zz.pth").write_text(
+        f"import os, sys, time; sys.stdout.write('{fake}'); sys.stdout.flush(); {hold}\n"
+    )
     launch = Path(params["launch_script"])
     launch.unlink(missing_ok=True)
     os.mkfifo(launch)
@@ -523,9 +525,9 @@ def test_the_probe_keeps_root_sections_and_answers_over_a_fifo(open_tmp):
         path.chmod(path.stat().st_mode | 0o055)
     try:
         proc = subprocess.run(["sh", "-c", render_probe(ProbeTargets(**params))],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+                              capture_output=True, text=True, timeout=50)  # fmt: skip
     except subprocess.TimeoutExpired:
-        pytest.fail("the probe hangs on a FIFO at the launch script")
+        pytest.fail("the probe waits for the .pth's child or the FIFO at the launch script")
     answers = parse_probe(proc.stdout.splitlines())
     smi = answers.section("nvidia-smi")
     if shutil.which("nvidia-smi") is None:
