@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
-from p40fleet.privdrop import as_user_script
+from p40fleet.privdrop import ENDED, as_user_script
 
 __all__ = [
     "CONDA_BROKEN",
@@ -234,6 +234,11 @@ class EnvPython(FactBase[EnvPythonState]):
                 return EnvPythonState(ENV_MISSING)
             detail = " ".join(x.strip() for x in lines[index + 1 :] if x.strip()) or None
             return EnvPythonState(ENV_BROKEN, detail=detail or "python did not run")
+        ended = [line.split()[-1] for line in lines if line.startswith(ENDED)]
+        if ended:
+            return EnvPythonState(
+                ENV_BROKEN, detail=f"the env's python did not answer in {ended[0]} s (ended)"
+            )
         return EnvPythonState(ENV_BROKEN, detail="no output from the python probe")
 
 

@@ -19,6 +19,8 @@ __all__ = ["HasSystemd", "RayStatus", "STATUS_TIMEOUT_S"]
 
 #: ``ray status`` waits ~35 s for a GCS that does not answer; the probe waits less.
 STATUS_TIMEOUT_S = 20
+#: Bytes at the start of the newest raylet log searched for this node's id (written at start).
+LOG_LIMIT = 1024 * 1024
 
 
 class HasSystemd(FactBase[bool]):
@@ -51,32 +53,43 @@ class RayStatus(FactBase[RayProbe]):
     def command(self, ray: str, address: str, temp_dir: str, user: str) -> str:
         unit, path = shlex.quote(UNIT_NAME), shlex.quote(UNIT_PATH)
         u, cli = shlex.quote(user), shlex.quote(ray)
-        status = (
-            f"if [ -x {cli} ]; then timeout {STATUS_TIMEOUT_S} {cli} status "
+        logs = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs")
+        # Ray's temp dir is the training user's (Ray makes /tmp/ray 0777): its logs are read
+        # as that user, a regular file only, bounded (a FIFO there ends by the time bound).
+        # A raylet restarted in the same session (a worker that rejoins its head) writes
+        # raylet.1.out, raylet.2.out, ...: the newest log names this node
+        node = (
+            f"log=$(ls -t {logs}/raylet*.out 2>/dev/null | head -n 1); "
+            'if [ -n "$log" ] && [ -f "$log" ] && [ ! -L "$log" ]; then '
+            f'echo "node_id=$(head -c {LOG_LIMIT} "$log" | sed -n '
+            "'s/.*Setting node ID node_id=\\([0-9a-f]*\\).*/\\1/p' | tail -n 1)\"; "
+            "else echo node_id=; fi; echo @@ray-status; "
+        )
+        status = node + (
+            "if [ \"$1\" != yes ]; then echo 'not a member: no unit'; echo '@@rc=0'; "
+            f"elif [ -x {cli} ]; then timeout {STATUS_TIMEOUT_S} {cli} status "
             f'--address {shlex.quote(address)} -v 2>&1; echo "@@rc=$?"; '
             f"else echo {shlex.quote(f'ray CLI {ray} is missing')}; echo '@@rc=127'; fi"
         )
-        logs = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs")
         return "\n".join(
             [
-                f"if [ -f {path} ]; then echo unit=yes; else echo unit=no; fi",
+                f"if [ -f {path} ]; then p40fleet_unit=yes; else p40fleet_unit=no; fi",
+                'echo "unit=$p40fleet_unit"',
                 "if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then",
                 f'  echo "active=$(systemctl is-active {unit} 2>/dev/null)"',
                 f'  echo "enabled=$(systemctl is-enabled {unit} 2>/dev/null)"',
                 "fi",
                 f"if {SIMULATED_HOST_TEST}; then echo sim=yes; else echo sim=no; fi",
-                # a raylet restarted in the same session (a worker that rejoins its head)
-                # writes raylet.1.out, raylet.2.out, ...: the newest log names this node
-                f"log=$(ls -t {logs}/raylet*.out 2>/dev/null | head -n 1)",
-                'echo "node_id=$([ -n "$log" ] && sed -n '
-                '\'s/.*Setting node ID node_id=\\([0-9a-f]*\\).*/\\1/p\' "$log" | tail -n 1)"',
-                "echo @@ray-status",
-                f"if [ ! -f {path} ]; then echo 'not a member: no unit'; echo '@@rc=0'",
-                f"elif ! id -u {u} >/dev/null 2>&1; then",
-                f"  echo {shlex.quote(f'training user {user} is missing')}; echo '@@rc=127'",
+                # what follows is the user's: only node_id and the status are taken from it
+                "echo @@ray-user",
+                f"if ! id -u {u} >/dev/null 2>&1; then echo node_id=; echo @@ray-status",
+                '  if [ "$p40fleet_unit" = yes ]; then '
+                f"echo {shlex.quote(f'training user {user} is missing')}; echo '@@rc=127'",
+                "  else echo 'not a member: no unit'; echo '@@rc=0'; fi",
                 "else",
                 AS_USER_FN,
-                f"  p40fleet_as {u} sh -c {shlex.quote(status)}",
+                f"  p40fleet_ask {STATUS_TIMEOUT_S + 10} {u} sh -c {shlex.quote(status)} "
+                "sh \"$p40fleet_unit\" </dev/null || { echo @@ray-status; echo '@@rc=124'; }",
                 "fi",
             ]
         )

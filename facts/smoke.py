@@ -23,6 +23,11 @@ from p40fleet.verification.smoke_script import RAY_PORT, SMOKE_TEMPLATE, SmokeTa
 __all__ = ["RAY_PORT", "SMOKE_TEMPLATE", "SmokeStep", "SmokeTargets", "render_job", "render_smoke"]
 
 
+#: Seconds the job may take besides the training step's own limit (a CPU Ray's start and stop,
+#: the env's imports): past that root ends it (``p40fleet_ask``, as every user-run fact).
+SETUP_S = 600
+
+
 def render_smoke(targets: SmokeTargets) -> str:
     """The whole command: root tests whether the host is simulated (only on a host the
     inventory marks so: elsewhere the lab's marker is ignored), the training user runs the job
@@ -39,7 +44,8 @@ def render_smoke(targets: SmokeTargets) -> str:
         f"{AS_USER_FN}\n"
         f"{sim}\n"
         f"if id -u {u} >/dev/null 2>&1; then "
-        f'p40fleet_as {u} sh -c {shlex.quote(render_job(targets))} sh "$p40fleet_sim"; '
+        f"p40fleet_ask {int(targets.timeout_s) + SETUP_S} {u} "
+        f'sh -c {shlex.quote(render_job(targets))} sh "$p40fleet_sim" </dev/null; '
         f"else echo '@@p40fleet-smoke 1'; echo 'launch=absent'; echo '@@end'; fi; true"
     )
 

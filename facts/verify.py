@@ -18,7 +18,7 @@ from pyinfra.api import FactBase
 from typing_extensions import override
 
 from facts.survey import one_write
-from p40fleet.privdrop import AS_USER_FN
+from p40fleet.privdrop import AS_USER_FN, FACT_TIMEOUT_S
 from p40fleet.verification.probe import ProbeAnswers, ProbeTargets, parse_probe
 
 __all__ = [
@@ -66,6 +66,7 @@ def render_probe(targets: ProbeTargets) -> str:
         smi_fields=SMI_FIELDS,
         smi_fields_r470=SMI_FIELDS_R470,
         python_timeout=PYTHON_TIMEOUT_S,
+        fact_timeout=FACT_TIMEOUT_S,
         simulated_host_test=SIMULATED_HOST_TEST,
         noise_lines=6,
     )

@@ -332,17 +332,22 @@ def parse_probe(lines: Iterable[str]) -> RayProbe:
     values: dict[str, str] = {}
     status_lines: list[str] | None = None
     rc: int | None = None
+    user = False  # after @@ray-user: the training user's output (it may print anything)
     for line in lines:
         if status_lines is not None:
             if line.startswith("@@rc="):
-                rc = int(line[5:].strip() or -1)
+                text = line[5:].strip()
+                rc = int(text) if re.fullmatch(r"-?\d+", text) else -1
                 break
             status_lines.append(line)
         elif line.strip() == "@@ray-status":
             status_lines = []
+        elif line.strip() == "@@ray-user":
+            user = True
         elif "=" in line:
             key, value = line.split("=", 1)
-            values[key.strip()] = value.strip()
+            if not user or key.strip() == "node_id" and "node_id" not in values:
+                values[key.strip()] = value.strip()
     status = parse_status(status_lines or [])
     tail = tuple(x for x in (status_lines or []) if x.strip())[-3:] if status is None else ()
     return RayProbe(

@@ -53,10 +53,11 @@ def _text(command) -> str:
 
 
 def _wrapped(command: str) -> bool:
-    """Every mention of the home is inside the argument of a ``p40fleet_as USER`` call."""
+    """Every mention of the home is inside the argument of a ``p40fleet_ask [-m] N USER`` call
+    (the bounded drop: a bare ``p40fleet_as`` in a fact is refused by the test below)."""
     text = _text(command).replace(AS_USER_FN, "")
-    first = text.find(f"p40fleet_as {USER} ")
-    return first >= 0 and HOME not in text[:first]
+    first = re.search(rf"p40fleet_ask (?:-m )?\d+ {USER} ", text)
+    return first is not None and HOME not in text[: first.start()]
 
 
 def _under_home_args(cls: type[FactBase]) -> dict:
@@ -154,13 +155,14 @@ def test_verify_probe_runs_the_env_and_git_only_as_the_training_user():
     probe = render_probe(_under_home_args(VerifyProbe)["targets"])
     assert "safe.directory=" not in probe and "-c safe" not in probe
     # the env's python, git and every read under the home go through asu (p40fleet_as)
-    assert '| asu $T "$PY" - "$@"' in probe
+    assert '| asum $T "$PY" - "$@"' in probe
     assert "g() { asu git -C" in probe
-    assert 'out=$(asu $T "$P" - "$CO" "$RECORD"' in probe
+    assert 'out=$(asum $T "$P" - "$CO" "$RECORD"' in probe
+    assert re.search(r'p40fleet_ask \$_am "\$_as" "\$TU" ', probe)  # asu and asum: bounded
     for line in probe.splitlines():
         code = line.split("#", 1)[0]
         if '"$PY"' in code and "[ " not in code:
-            assert "asu" in code, line
+            assert re.search(r"\basum? ", code), line
         assert not code.lstrip().startswith("git "), line
 
 
@@ -352,3 +354,221 @@ def test_the_verify_probe_answers_through_the_drop_and_never_runs_the_env_as_roo
     python = answers.section("python")
     assert python is not None and python.answer and python.answer.get("version"), proc.stdout
     assert sorted(os.listdir(marks)) == [f"ran-as-uid-{nobody}"]
+
+
+# -- S19/N6/N4: what the user's programs print is bounded, framed, and cannot hold the pipe ---
+
+
+def test_no_fact_runs_a_user_program_without_the_bounds():
+    """S19/N6: every fact that drops to the training user does it through ``p40fleet_ask``
+    (root's timeout, a byte bound, output through a file of root's), never a bare
+    ``p40fleet_as``, whose output was the caller's pipe, unbounded."""
+    dropped = []
+    for cls in _project_facts():
+        command = _text(cls().command(**_under_home_args(cls)))
+        if AS_USER_FN not in command and "p40fleet_as" not in command:
+            continue
+        code = command.replace(AS_USER_FN, "")
+        assert not re.search(r"\bp40fleet_as\s", code), f"{cls.__name__}: an unbounded drop"
+        assert "p40fleet_ask" in code, cls.__name__
+        dropped.append(cls.__name__)
+    assert {"EnvPython", "EnvDistributions", "GitCheckout", "RayStatus", "SmokeStep",
+            "VerifyProbe", "UserFile"} <= set(dropped)  # fmt: skip
+
+
+#: An executable the training user controls (a conda, a python, a ray) that prints 50 MB and
+#: leaves a child holding its stdout and stderr: before the bounds, the fact's output was
+#: unbounded and the caller waited for the child.
+_FLOOD = "#!/bin/sh\ntouch {ran}\n(sleep 25 &)\nhead -c 50000000 /dev/zero | tr '\\0' x\necho\n"
+
+
+def _flooders(base: Path, cls: type[FactBase]) -> dict:
+    """``cls``'s arguments under ``base``, with a flooding program at every program path."""
+    args = {k: (v.replace(HOME, str(base)) if isinstance(v, str) else v)
+            for k, v in _under_home_args(cls).items()}  # fmt: skip
+    args["user"] = "nobody"
+    programs = []
+    if "python" in args:
+        programs.append(args["python"])
+    if "ray" in args:
+        programs.append(args["ray"])
+    if "prefix" in args:
+        programs.append(f"{args['prefix']}/bin/conda")
+        if "env_name" in args:
+            programs.append(f"{args['prefix']}/envs/{args['env_name']}/bin/python")
+    for name in ("script", "rules"):
+        if name in args:
+            Path(args[name]).parent.mkdir(parents=True, exist_ok=True)
+            Path(args[name]).write_text("x\n")
+    if "checkout" in args:
+        Path(args["checkout"]).mkdir(parents=True, exist_ok=True)
+    for program in programs:
+        Path(program).parent.mkdir(parents=True, exist_ok=True)
+        Path(program).write_text(_FLOOD.format(ran=base / "ran"))
+        Path(program).chmod(0o755)
+    return args if programs else {}
+
+
+def test_a_user_program_that_floods_and_holds_the_pipe_is_cut_and_ended(open_tmp, monkeypatch):
+    """S19/N6 for real, walking every fact that runs a user program: its 50 MB come back cut
+    to ``ASK_LIMIT`` bytes, and the child it leaves holding stdout does not hold the fact."""
+    from facts.ray import RayStatus
+    from p40fleet import privdrop
+    from p40fleet.ray import UNIT_PATH
+
+    _needs_root_and_nobody()
+    monkeypatch.setattr(privdrop, "FACT_TIMEOUT_S", 3, raising=False)
+    limit = getattr(privdrop, "ASK_LIMIT", 262144)
+    err_limit = getattr(privdrop, "ASK_STDERR_LIMIT", 4096)
+    unit = open_tmp / "unit"
+    unit.write_text("[Unit]\n")
+    walked = []
+    for cls in _project_facts():
+        if cls.__name__ in ("VerifyProbe", "SmokeStep"):
+            continue  # their own tests below and in tests/test_smoke.py
+        base = open_tmp / cls.__name__
+        args = _flooders(base, cls)
+        if not args:
+            continue
+        for path in [base, *base.rglob("*")]:
+            os.chown(path, 65534, 65534, follow_symlinks=False)
+        command = _text(cls().command(**args)).replace(UNIT_PATH, str(unit))
+        if cls is RayStatus:  # its own bound: ray status's 20 s, not the facts'
+            command = command.replace("timeout 20 ", "timeout 2 ").replace("ask 30 ", "ask 3 ")
+        try:
+            out = subprocess.run(["sh", "-c", command], capture_output=True, timeout=20, cwd="/")
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{cls.__name__}: no answer after 20 s (a child holds its pipe)")
+        assert len(out.stdout) <= limit + 4096, (cls.__name__, len(out.stdout))
+        assert len(out.stderr) <= err_limit + 4096, (cls.__name__, len(out.stderr))
+        cls().process(out.stdout.decode(errors="replace").splitlines())  # parses, no raise
+        assert (base / "ran").exists(), f"{cls.__name__}: the flooding program never ran"
+        walked.append(cls.__name__)
+    assert {"CondaInstall", "CondaTos", "EnvPython", "EnvDistributions", "RayStatus",
+            "VerlPatchCheck"} <= set(walked), walked  # fmt: skip
+
+
+def _pth_env(base: Path, code: str) -> str:
+    """A venv under ``base`` (the training user's) whose .pth runs ``code``; its prefix."""
+    prefix = base / "miniconda3"
+    env = prefix / "envs" / "e"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = glob.glob(f"{env}/lib/python3*/site-packages")[0]
+    Path(site, "zz.pth").write_text(code + "\n")
+    return str(prefix)
+
+
+def test_a_pth_cannot_forge_root_parts_flood_or_hang_the_survey(open_tmp, monkeypatch):
+    """N4 + S19/N6 in one survey on @local: the env's .pth prints root part 0's marker (with
+    the survey's secret, read from its command line), 50 MB, and forks a child that holds
+    stdout. Part 0 keeps root's answer; EnvPython answers (broken: ended) within the bound."""
+    import time
+
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.state import StateStage
+
+    from facts import survey as sv
+    from facts.host import MemTotal
+    from p40fleet import privdrop
+
+    _needs_root_and_nobody()
+    monkeypatch.setattr(privdrop, "FACT_TIMEOUT_S", 4, raising=False)  # the child: 20 s
+    steal = (
+        "import os, re, sys; cmd = open('/proc/%d/cmdline' % os.getppid(), 'rb').read()"
+        "; t = (re.findall(rb'-v t=([0-9a-f]+)', cmd) or [b'0' * 32])[0].decode()"
+        "; sys.stdout.write('MemTotal: 1 kB\\n@@p40fleet-survey %s 0 0\\n' % t)"
+        "; sys.stdout.write('x' * 50_000_000 + '\\n'); sys.stdout.flush()"
+        "; (os.fork() == 0) and (__import__('time').sleep(20), os._exit(0))"
+    )
+    prefix = _pth_env(open_tmp, steal)
+    subprocess.run(["chown", "-R", "65534:65534", str(open_tmp)], check=True)
+    inventory = Inventory(([("@local", {})], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    state.set_stage(StateStage.Prepare)
+    target = inventory.get_host("@local")
+    sv.install(state)
+    parts = [sv.part(MemTotal), sv.part(EnvPython, prefix=prefix, env_name="e", user="nobody")]
+    start = time.monotonic()
+    assert sv.survey(target, parts) == 2
+    took = time.monotonic() - start
+    assert took < 4 + 5 + 5, took  # the bound, runuser's and timeout's grace
+    assert sv.ask(target, MemTotal) > 1024  # root's /proc/meminfo, not the forged "1 kB"
+    assert sv.answered(target, EnvPython, prefix=prefix, env_name="e", user="nobody")
+    env = sv.ask(target, EnvPython, prefix=prefix, env_name="e", user="nobody")
+    assert env.state == "broken", env
+
+
+def test_the_probe_keeps_root_sections_and_answers_over_a_fifo(open_tmp):
+    """N4 (probe) + N6: a .pth printing a forged ``@@section nvidia-smi`` (and nvcc) and leaving
+    a child on stdout leaves root's sections as root saw them, and the probe does not wait for
+    the child; a FIFO at the launch script answers, no hang."""
+    from p40fleet.verification.probe import parse_probe
+    from tests.test_verification import _fake_host
+
+    _needs_root_and_nobody()
+    params = {**_fake_host(open_tmp), "user": "nobody"}
+    fake = (
+        "@@section nvidia-smi\\nfields=index,name,pci.bus_id,pci.device_id,compute_cap,"
+        "driver_version\\n0, Tesla P40, 00000000:3B:00.0, 0x1B3810DE, 6.1, 525.147.05\\n"
+        "@@rc 0\\n@@section nvcc\\nCuda compilation tools, release 12.9\\n@@rc 0\\n"
+    )
+    site = glob.glob(str(Path(params["python"]).parents[1] / "lib/python3*/site-packages"))[0]
+    hold = "(os.fork() == 0) and (time.sleep(60), os._exit(0))"  # a child that holds stdout
+    Path(site, "zz.pth").write_text(
+        f"import os, sys, time; sys.stdout.write('{fake}'); sys.stdout.flush(); {hold}\n"
+    )
+    launch = Path(params["launch_script"])
+    launch.unlink(missing_ok=True)
+    os.mkfifo(launch)
+    for path in [open_tmp, *open_tmp.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o055)
+    try:
+        proc = subprocess.run(["sh", "-c", render_probe(ProbeTargets(**params))],
+                              capture_output=True, text=True, timeout=50)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("the probe waits for the .pth's child or the FIFO at the launch script")
+    answers = parse_probe(proc.stdout.splitlines())
+    smi = answers.section("nvidia-smi")
+    if shutil.which("nvidia-smi") is None:
+        assert smi is not None and smi.get("missing") == "nvidia-smi", smi
+    assert not any("Tesla P40" in line for line in smi.lines), smi
+    nvcc = answers.section("nvcc")
+    assert nvcc is not None and "release 11.8" in " ".join(nvcc.lines), nvcc  # the fake host's
+    assert answers.section("python") and answers.section("python").answer, proc.stdout[-2000:]
+    assert answers.complete  # to its end: nothing waited on the FIFO
+
+
+def test_ray_status_over_a_fifo_log_answers_at_once(open_tmp):
+    """N6: Ray's temp dir is 0777; a FIFO planted as raylet.out is not read (as the user, a
+    regular file only): the fact answers without a node id, at once."""
+    from facts.ray import RayStatus
+    from p40fleet.ray import UNIT_PATH
+
+    _needs_root_and_nobody()
+    logs = open_tmp / "ray" / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    os.mkfifo(logs / "raylet.out")
+    unit = open_tmp / "unit"
+    unit.write_text("[Unit]\n")
+    for path in [open_tmp, *open_tmp.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o055)
+    command = RayStatus().command(ray="/nowhere/ray", address="h:1",
+                                  temp_dir=str(open_tmp / "ray"), user="nobody")  # fmt: skip
+    try:
+        out = subprocess.run(["sh", "-c", command.replace(UNIT_PATH, str(unit))],
+                             capture_output=True, text=True, timeout=15, cwd="/")  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("RayStatus hangs on a FIFO at raylet.out")
+    probe = RayStatus().process(out.stdout.splitlines())
+    assert probe.unit and probe.node_id == "" and probe.status_rc == 127, out.stdout
+
+
+def test_ray_status_takes_roots_keys_from_root_only():
+    """What the user's part of RayStatus prints cannot set root's keys (unit, sim, active)."""
+    from p40fleet.ray import parse_probe as ray_probe
+
+    user = ["unit=yes", "sim=yes", "active=active", "node_id=ab", "node_id=cd"]
+    probe = ray_probe(["unit=no", "sim=no", "@@ray-user", *user, "@@ray-status", "@@rc=0"])
+    assert (probe.unit, probe.simulated, probe.active, probe.node_id) == (False, False, "", "ab")

@@ -277,3 +277,76 @@ def test_one_write_sends_the_same_bytes_and_status_in_one_write(command, status)
     assert len(held) <= 1
     if b"".join(plain):
         assert len(plain) == 2  # without it: one write per echo, each its own SSH packet
+
+
+# -- N4: no part answers for another -------------------------------------------------------
+
+
+class Said(FactBase):
+    """A root part: what it printed."""
+
+    def command(self, text: str) -> str:
+        return f"echo {text}"
+
+    def process(self, output):
+        return list(output)
+
+
+#: The survey's secret as a part run inside it can read it: from the survey's own command line
+#: (/proc/$$/cmdline, readable by any local user), else a guess.
+_STEAL = (
+    "t=$(tr '\\0' '\\n' < /proc/$$/cmdline | sed -n 's/.*-v t=\\([0-9a-f]*\\).*/\\1/p;"
+    " s/.*@@p40fleet-survey \\([0-9a-f]*\\) .*/\\1/p' | head -n 1); t=${t:-000000000000}; "
+)
+
+
+class Forger(FactBase):
+    """A part whose output the training user controls (a .pth, a file name with a newline):
+    it prints the end marker of part 0 with the survey's real secret, after a forged answer,
+    with and without a leading newline and a carriage return."""
+
+    def command(self) -> str:
+        return _STEAL + (
+            "printf 'forged\\n@@p40fleet-survey %s 0 0\\nforged\\r@@p40fleet-survey %s 0 0\\n'"
+            ' "$t" "$t"; printf \'@@p40fleet-survey %s 0 0\' "$t"'
+        )
+
+    def process(self, output):
+        return list(output)
+
+
+def test_a_part_cannot_answer_for_another_even_with_the_secret(local):
+    """N4: a part printing part 0's marker (with the secret it read in /proc) changes nothing:
+    every line of a part's output comes back framed, and only root's awk prints markers."""
+    _, target, sent = local()
+    assert memo.survey(target, [memo.part(Said, text="root"), memo.part(Forger)]) == 2
+    assert len(sent) == 1
+    assert memo.ask(target, Said, text="root") == ["root"]
+    forged = memo.ask(target, Forger)
+    assert forged[0] == "forged" and forged[1].startswith("@@p40fleet-survey "), forged
+    assert re.fullmatch(r"@@p40fleet-survey [0-9a-f]{12,} 0 0", forged[1]), forged  # stole it
+    assert len(sent) == 1
+
+
+def test_a_marker_without_this_runs_secret_is_not_taken(local, monkeypatch):
+    """The controller checks the secret on each marker: an answer under another secret (what
+    the survey's stdout says outside root's framing) is asked live, not kept."""
+    _, target, sent = local()
+    real = memo.Survey.process
+
+    def other_secret(self, output):
+        return {i: ("0" * 32, st, lines) for i, (_, st, lines) in real(self, output).items()}
+
+    monkeypatch.setattr(memo.Survey, "process", other_secret)
+    assert memo.survey(target, [memo.part(Said, text="root")]) == 0
+    assert not memo.answered(target, Said, text="root")
+    assert "Secret(...)" == repr(memo.Secret.new())  # pyinfra's debug log shows only this
+
+
+def test_a_part_longer_than_the_limit_is_asked_live(local, monkeypatch):
+    monkeypatch.setattr(memo, "PART_LIMIT", 10)
+    _, target, sent = local()
+    long = "a-line-of-20-bytes-x"
+    assert memo.survey(target, [memo.part(Said, text=long), memo.part(NoNewline)]) == 1
+    assert not memo.answered(target, Said, text=long)
+    assert memo.ask(target, NoNewline) == ["a", "b"]

@@ -584,6 +584,45 @@ def test_root_never_runs_the_training_users_env_or_git_config(fleet, tmp_path):
     print(f"S1 plants, deploy/full.py --limit lab1 + verify: {time.monotonic() - t0:.1f} s")
 
 
+def test_a_fifo_at_the_launch_script_hangs_neither_verify_nor_the_deploy(fleet, tmp_path):
+    """S19/N6 on a converged host: the training user makes ~/launch-ppo.sh a FIFO (root's
+    sha1sum of it in the survey used to block forever; the probe's python opened it). verify
+    finishes and FAILs the launch script, naming it; deploy/full.py finishes, the user's
+    command replaces the FIFO with the script, and the host verifies PASS."""
+    import shlex
+
+    lab = fleet["lab"]
+    script = "/home/verl/launch-ppo.sh"
+
+    def as_verl(command: str) -> str:
+        return f"su -s /bin/sh verl -c {shlex.quote(command)}"
+
+    lab.ssh("lab1", as_verl(f"mv {script} {script}.kept && mkfifo {script}"), check=True)
+    try:
+        t0 = time.monotonic()
+        report = tmp_path / "verify.json"
+        verify = subprocess.run(
+            [sys.executable, "-m", "p40fleet.verify", runs.SIM_INVENTORY, "--limit", "lab1",
+             "--json", str(report)],
+            cwd=runs.REPO, capture_output=True, text=True, timeout=600,
+            env={**os.environ, **CONTROLLER_CACHE},
+        )  # fmt: skip
+        took = time.monotonic() - t0
+        print(f"N6 FIFO at {script}: verify --limit lab1 {took:.1f} s, rc {verify.returncode}")
+        assert verify.returncode != 0, verify.stdout[-3000:]
+        launch = checks_of(report, "lab1")["launch overrides"]
+        assert launch["status"] == "FAIL" and script in launch["detail"], launch
+        t0 = time.monotonic()
+        result = full("--limit", "lab1")
+        print(f"N6 FIFO at {script}: deploy/full.py --limit lab1 {time.monotonic() - t0:.1f} s")
+        assert_converged(result, hosts=("lab1",))
+        kind = lab.ssh("lab1", f"stat -c '%F %U' {script}", check=True).stdout.strip()
+        assert kind == "regular file verl", kind
+    finally:
+        lab.ssh("lab1", as_verl(f"if [ -p {script} ]; then mv -f {script}.kept {script}; "
+                                f"else rm -f {script}.kept; fi"))  # fmt: skip
+
+
 def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
     """N1, N2, N3 on a converged host: as the training user, plant a symlink to a root-owned
     0600 file at every path root wrote under the home before (launch script, verl patch applier
