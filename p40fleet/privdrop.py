@@ -52,7 +52,7 @@ AS_USER_FN = f"""p40fleet_as() {{
 #: The first lines of :data:`AS_USER_FN`: USER of uid 0 (root, or another name for it) is
 #: refused, exit 126, nothing run (the spec refuses system accounts; this is the second line).
 ROOT_GUARD = """    if [ "$(id -u "$_u" 2>/dev/null)" = 0 ]; then
-        echo "p40fleet_as: $_u has uid 0: refusing to run the training user's files as root" >&2
+        echo "p40fleet_as: $_u has uid 0: refusing to run its files as root" >&2
         return 126
     fi
 """
