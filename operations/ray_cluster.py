@@ -36,6 +36,7 @@ from p40fleet.ray import (
     RayError,
     RayPlan,
     choose_head,
+    host_port,
     load_members,
     members_path,
     plan_ray,
@@ -117,7 +118,7 @@ def _membership(spec: StackSpec) -> Membership:
         head = choose_head(spec, head_group(), (h.name for h in inventory))
     except RayError as exc:
         return Membership(None, problem=f"{exc.cause} ({exc.fix})")
-    address = f"{_head_address(head, spec)}:{spec.ray.port}"
+    address = host_port(_head_address(head, spec), spec.ray.port)
     cluster = f"{head}@{address}"
     active = {h.name for h in inventory.get_active_hosts()}
     learnt = None

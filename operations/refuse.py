@@ -41,7 +41,7 @@ from pyinfra.api import FunctionCommand, operation
 
 from operations import run_lock
 from p40fleet import sshguard
-from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
 
 __all__ = ["refusal_message", "refuse", "refuse_option_ref", "validated_spec"]
 
@@ -148,6 +148,14 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
     try:
         spec = spec_for_host(host)
         specs[host.name] = spec
+        # Allowed, but said once: a per-host override of what the host trusts (security N13).
+        if anchors := trust_anchor_overrides(host.data.get("stack"), host.data.get("stack_host")):
+            host.log_styled(
+                f"stack_host replaces trust anchor(s) of stack: {', '.join(anchors)} "
+                "(this host only; check the inventory if that is not meant)",
+                fg="yellow",
+                log_func=logger.warning,
+            )
         return spec
     except SpecError as exc:
         # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".

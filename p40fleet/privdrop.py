@@ -26,6 +26,7 @@ __all__ = [
     "FACT_TIMEOUT_S",
     "PROXY_VARIABLES",
     "READ_TIMEOUT_S",
+    "ROOT_GUARD",
     "STAGE_DIR",
     "as_user_script",
     "copy_in_script",
@@ -61,7 +62,8 @@ ASK_STDERR_LIMIT = 4096
 #: ``p40fleet_as USER [VAR=value...] COMMAND [ARGS...]``: COMMAND as USER, environment cleared
 #: (HOME from passwd) but for the proxy variables, working directory ``/`` (python puts the cwd
 #: on sys.path). Already that user: no runuser. Any other non-root caller: runuser refuses,
-#: and the answer says so.
+#: and the answer says so. A USER of uid 0 is refused (the spec refuses system accounts; this
+#: is the second line: the drop never runs anything as root).
 #:
 #: ``p40fleet_ask [-m] SECONDS USER COMMAND...``: the same, bounded, for reading what the user's
 #: programs say (facts, the verify probe; review S19/N6). Root's ``timeout`` (the user cannot
@@ -73,7 +75,7 @@ ASK_STDERR_LIMIT = 4096
 #: by the timeout). stdin is the caller's: give ``</dev/null`` unless it feeds the command.
 AS_USER_FN = f"""p40fleet_as() {{
     _u=$1; shift
-    _h=$(getent passwd "$_u" | cut -d: -f6)
+{{root_guard}}    _h=$(getent passwd "$_u" | cut -d: -f6)
     set -- env -i HOME="${{_h:-/}}" USER="$_u" LOGNAME="$_u" SHELL=/bin/sh PATH={CLEAN_PATH} \\
         {_KEEP} "$@"
     if [ "$(id -u)" = "$(id -u "$_u")" ]; then (cd / && $p40fleet_t "$@")
@@ -96,6 +98,14 @@ p40fleet_ask() {{
     fi
     return "$_r"
 }}"""
+#: The first lines of :data:`AS_USER_FN`: USER of uid 0 (root, or another name for it) is
+#: refused, exit 126, nothing run (the spec refuses system accounts; this is the second line).
+ROOT_GUARD = """    if [ "$(id -u "$_u" 2>/dev/null)" = 0 ]; then
+        echo "p40fleet_as: $_u has uid 0: refusing to run its files as root" >&2
+        return 126
+    fi
+"""
+AS_USER_FN = AS_USER_FN.replace("{root_guard}", ROOT_GUARD)
 
 
 def as_user_script(user: str, script: str, missing: str = "true") -> str:

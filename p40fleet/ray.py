@@ -33,6 +33,7 @@ __all__ = [
     "RayPlan",
     "RayProbe",
     "choose_head",
+    "host_port",
     "load_members",
     "members_path",
     "parse_probe",
@@ -56,6 +57,15 @@ class RayError(ValueError):
         super().__init__(cause)
         self.cause = cause
         self.fix = fix
+
+
+def host_port(address: str, port: int) -> str:
+    """``address:port`` as Ray's ``--address`` reads it: an IPv6 address in brackets
+    (``[2001:db8::1]:6379``; ``2001:db8::1:6379`` is ambiguous)."""
+    address = address.strip()
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
 
 def ray_cli(spec: StackSpec) -> str:
@@ -132,7 +142,7 @@ def plan_ray(
     no training worker on its GPUs, which its own launch script uses alone).
     """
     ray = spec.ray
-    address = f"{head_address}:{ray.port}"
+    address = host_port(head_address, ray.port)
     argv = [ray_cli(spec), "start"]
     if host_name == head:
         argv += ["--head", f"--port={ray.port}"]

@@ -106,12 +106,26 @@ def test_bad_spec_refuses_the_host_and_changes_nothing(tmp_path):
     assert "Traceback" not in out
 
 
+def test_a_stack_host_that_replaces_a_trust_anchor_is_said_once(tmp_path):
+    """Security N13: allowed (this host only), but one line of the run's output names it."""
+    sums = '{"torch": {"sha256": {"torchvision": "b" * 64}}}'
+    proc, markers = run_pyinfra(tmp_path, f'[("@local", {{"stack": {{}}, "stack_host": {sums}}})]')
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert markers == ["marker-@local-525"]
+    line = "stack_host replaces trust anchor(s) of stack: torch.sha256 (this host only"
+    assert out.count(line) == 1, out
+
+
 def test_stray_stack_key_is_refused(tmp_path):
     proc, markers = run_pyinfra(tmp_path, '[("@local", {"stacks": {"cuda": {}}})]')
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
     assert markers == []
     assert "host @local: stack spec: stacks = {'cuda': {}}: unknown host-data key 'stacks'" in out
+    (tmp_path / "typo").mkdir()
+    proc, markers = run_pyinfra(tmp_path / "typo", '[("@local", {"Stack_host": {"cuda": {}}})]')
+    assert markers == [] and "unknown host-data key 'Stack_host'" in proc.stdout + proc.stderr
 
 
 @pytest.mark.skipif(

@@ -25,7 +25,7 @@ from facts.conda import EnvPython
 from facts.smoke import SmokeStep, SmokeTargets
 from facts.verify import VerifyProbe, render_probe
 from operations import apex, conda, torch, training, training_user, verl
-from p40fleet.privdrop import AS_USER_FN
+from p40fleet.privdrop import AS_USER_FN, as_user_script
 from p40fleet.spec import load_spec
 from p40fleet.verification.probe import ProbeTargets
 from tests.opharness import run_op
@@ -572,3 +572,20 @@ def test_ray_status_takes_roots_keys_from_root_only():
     user = ["unit=yes", "sim=yes", "active=active", "node_id=ab", "node_id=cd"]
     probe = ray_probe(["unit=no", "sim=no", "@@ray-user", *user, "@@ray-status", "@@rc=0"])
     assert (probe.unit, probe.simulated, probe.active, probe.node_id) == (False, False, "", "ab")
+
+
+@pytest.mark.uid0_guard
+def test_p40fleet_as_refuses_a_uid_0_user_and_runs_nothing(tmp_path):
+    """Security N13: the spec refuses system accounts; the drop itself never runs as root
+    either (as root, the caller's uid matched and the command ran directly)."""
+    mark = tmp_path / "ran"
+    out = subprocess.run(
+        ["sh", "-c", f"{AS_USER_FN}\np40fleet_as root touch {mark}"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 126, out
+    assert "root has uid 0: refusing" in out.stderr and not mark.exists()
+    script = as_user_script("root", f"touch {mark}")
+    assert subprocess.run(["sh", "-c", script], capture_output=True).returncode == 0  # ; true
+    assert not mark.exists()

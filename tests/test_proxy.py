@@ -94,7 +94,11 @@ def test_redact():
         == "x http://u:***@h:1/y and https://h:2"
     )
     assert redact({"a": [f"http://u:{SECRET}@h:1"]}) == {"a": ["http://u:***@h:1"]}
-    assert redact("http://u@h:1") == "http://u@h:1" and redact(3) == 3
+    # a user part alone may be a token (https://TOKEN@git.example): hidden whole (N9)
+    assert redact("http://u@h:1 https://ghp_T0K3N@git.example/x") == (
+        "http://***@h:1 https://***@git.example/x"
+    )
+    assert redact("https://h/a@b") == "https://h/a@b" and redact(3) == 3
 
 
 # -- the helper -------------------------------------------------------------------------------

@@ -306,3 +306,15 @@ def test_readme_says_ray_has_no_authentication():
     assert "**Ray has no authentication.**" in section
     for words in ("private network", "firewall", "127.0.0.1", "2.52", "--node-ip-address"):
         assert words in section, words
+
+
+@pytest.mark.parametrize("head_address", ["2001:db8::1", "[2001:db8::1]"])
+def test_an_ipv6_head_address_is_bracketed_in_the_members_address(head_address):
+    """Security N13: ``--address=2001:db8::1:6379`` is ambiguous; Ray's form is [v6]:port."""
+    spec = load_spec("lab2", {"ray": {"head_address": head_address}})
+    worker = plan_ray(spec, "lab2", "lab1", spec.ray.head_address)
+    assert "--address=[2001:db8::1]:6379" in worker.argv and worker.address == "[2001:db8::1]:6379"
+    # an inventory's bare ssh_hostname too; v4 and names stay as they are
+    assert plan_ray(spec, "lab2", "lab1", "fe80::1").address == "[fe80::1]:6379"
+    assert plan_ray(spec, "lab2", "lab1", "10.0.0.1").address == "10.0.0.1:6379"
+    assert plan_ray(spec, "lab2", "lab1", "node1.lab").address == "node1.lab:6379"

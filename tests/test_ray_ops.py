@@ -308,3 +308,9 @@ def test_verify_follows_the_membership(fleet, monkeypatch):
     lab2.probe = RayProbe(unit=True, active="active", enabled="enabled")
     checks = ray_cluster.verify_checks(SPEC)
     assert [c.name for c in checks] == ["ray service", "ray cluster", "ray GPUs"]
+
+
+def test_an_ipv6_head_is_dialled_in_brackets(fleet):
+    ray_cluster, members = fleet({"lab1": [P40] * 4, "lab2": [P40] * 4})
+    members["lab1"].data = {"ssh_hostname": "2001:db8::11"}
+    assert ray_cluster.membership(SPEC).address == "[2001:db8::11]:6379"

@@ -849,3 +849,270 @@ def test_dpkg_lock_wait_defaults_to_ten_minutes_and_is_bounded():
     for bad in (0, -5, 7200, "soon"):
         err = refused({"policy": {"dpkg_lock_wait_s": bad}})
         assert err.field == "stack.policy.dpkg_lock_wait_s", str(err)
+
+
+# -- security N9: no credentials in spec URLs ---------------------------------------------------
+
+CREDS = "https://deploy:S3cr3tT0ken@mirror.example"
+
+
+@pytest.mark.parametrize(
+    ("stack", "field"),
+    [
+        ({"mirror": {"pip_index_url": CREDS + "/simple"}}, "stack.mirror.pip_index_url"),
+        ({"mirror": {"artifacts_url": CREDS + "/a"}}, "stack.mirror.artifacts_url"),
+        ({"mirror": {"git_base_url": CREDS + "/git"}}, "stack.mirror.git_base_url"),
+        ({"mirror": {"conda_channel": CREDS + "/conda"}}, "stack.mirror.conda_channel"),
+        ({"mirror": {"pip_find_links": CREDS + "/wheels"}}, "stack.mirror.pip_find_links"),
+        ({"torch": {"index_url": CREDS + "/whl/cu118"}}, "stack.torch.index_url"),
+        ({"driver": {"url": CREDS + "/d.run"}}, "stack.driver.url"),
+        ({"verl": {"remote": "https://S3cr3tT0ken@git.example/verl"}}, "stack.verl.remote"),
+        (
+            {
+                "mirror": {
+                    "apt": {
+                        "url": CREDS + "/ubuntu",
+                        "suite": "focal",
+                        "components": ["main"],
+                        "trusted": True,
+                    }
+                }
+            },
+            "stack.mirror.apt.url",
+        ),
+    ],  # fmt: skip
+)
+def test_a_url_with_credentials_is_refused_and_never_shown(stack, field):
+    err = refused(stack)
+    assert err.field == field
+    assert "expected a URL without credentials" in str(err)
+    # where they belong instead, per tool
+    for where in ("~/.netrc", "/etc/apt/auth.conf.d/", "conda auth login", "README"):
+        assert where in str(err), str(err)
+    assert "S3cr3tT0ken" not in str(err) + repr(err.problems) + repr(
+        pickle.loads(pickle.dumps(err))
+    )
+
+
+def test_a_bad_url_with_credentials_shows_no_password_either():
+    err = refused({"mirror": {"pip_index_url": CREDS + "/sim ple"}})
+    assert "S3cr3tT0ken" not in str(err) and "deploy:***@" in str(err)
+
+
+def test_proxy_credentials_stay_allowed():
+    spec = load_spec("lab1", {"proxy": {"http": "http://bob:pw@proxy.lab:3128"}})
+    assert spec.proxy.has_secret
+
+
+# -- security N13: lengths, hosts, accounts, overlaps, messages ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stack", "field", "words"),
+    [
+        (
+            {"paths": {"artifact_cache": "/var/cache/" + "a" * 10000}},
+            "stack.paths.artifact_cache",
+            "at most 4095 bytes",
+        ),
+        (
+            {"paths": {"artifact_cache": "/var/cache/" + "a" * 256}},
+            "stack.paths.artifact_cache",
+            "at most 255 bytes",
+        ),
+        ({"user": {"home": "/home/" + "v" * 300}}, "stack.user.home", "at most 255 bytes"),
+        (
+            {"driver": {"filename": "a" * 300 + ".run"}},
+            "stack.driver.filename",
+            "at most 255 bytes",
+        ),
+        (
+            {"driver": {"url": "https://x/" + "a" * 100000}},
+            "stack.driver.url",
+            "at most 2048 characters",
+        ),
+    ],  # fmt: skip
+)
+def test_too_long_paths_names_and_urls_are_refused(stack, field, words):
+    err = refused(stack)
+    assert err.field == field and words in str(err), str(err)
+
+
+def test_the_longest_allowed_component_and_url_pass():
+    assert load_spec("lab1", {"driver": {"filename": "a" * 251 + ".run"}})
+    assert load_spec("lab1", {"paths": {"artifact_cache": "/var/cache/" + "a" * 255}})
+    assert load_spec("lab1", {"driver": {"url": "https://x/" + "a" * 2038}})
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://us.download.nvidi\u0430.com/tesla/d.run",  # Cyrillic a
+        "https://xn--nvidi-7ve.com/d.run",
+        "https://mirror.XN--p1ai/d.run",
+    ],
+)
+def test_lookalike_and_punycode_url_hosts_are_refused(url):
+    err = refused({"driver": {"url": url}})
+    assert "expected an ASCII host name" in str(err), str(err)
+
+
+def test_non_ascii_elsewhere_in_a_url_must_be_percent_encoded():
+    err = refused({"driver": {"url": "https://m.example/\u00e9.run"}})
+    assert "percent-encode" in str(err)
+    assert load_spec("lab1", {"driver": {"url": "https://m.example/%C3%A9.run"}})
+
+
+def test_an_ipv6_head_address_is_accepted_bare_or_in_brackets():
+    for value in ("2001:db8::1", "[2001:db8::1]", "[2001:DB8:0::1]"):
+        assert load_spec("lab1", {"ray": {"head_address": value}}).ray.head_address == "2001:db8::1"
+    err = refused({"ray": {"head_address": "[node1.lab]"}})
+    assert "expected an IPv6 address inside [ ]" in str(err)
+
+
+@pytest.mark.parametrize(
+    "name", ["root", "daemon", "bin", "sys", "nobody", "www-data", "sshd", "admin",
+             "systemd-network", "_apt"],
+)  # fmt: skip
+def test_system_account_names_are_refused_as_the_training_user(name):
+    err = refused({"user": {"name": name}})
+    assert err.field == "stack.user.name" and "not a system or administrator account" in str(err)
+
+
+def test_a_uid_below_1000_is_refused_and_a_regular_account_passes():
+    assert "uid from 1000" in str(refused({"user": {"uid": 999}}))
+    assert (
+        load_spec("lab1", {"user": {"name": "trainer", "uid": 1000}}).user.home == "/home/trainer"
+    )
+
+
+def test_the_training_user_is_never_the_account_p40fleet_connects_as():
+    clear_spec_cache()
+    with pytest.raises(SpecError) as info:
+        spec_for_host(_Host("lab5", ssh_user="ops", stack={"user": {"name": "ops"}}))
+    assert info.value.field == "stack.user.name" and "other than ssh_user" in str(info.value)
+    clear_spec_cache()
+    assert spec_for_host(_Host("lab5", ssh_user="ops", stack={})).user.name == "verl"
+
+
+@pytest.mark.parametrize(
+    ("stack", "field", "words"),
+    [
+        (
+            {"env": {"verl_checkout": "/home/verl/miniconda3"}},
+            "stack.env.verl_checkout",
+            "apart from env.conda_prefix",
+        ),
+        (
+            {"env": {"data_dir": "/home/verl/x", "model_dir": "/home/verl/x"}},
+            "stack.env.model_dir",
+            "apart from env.data_dir",
+        ),
+        (
+            {"env": {"model_dir": "/home/verl/data/models"}},
+            "stack.env.model_dir",
+            "apart from env.data_dir",
+        ),
+        (
+            {"env": {"conda_prefix": "/home/verl/verl/conda"}},
+            "stack.env.verl_checkout",
+            "apart from env.conda_prefix",
+        ),
+        ({"env": {"data_dir": "/home/verl/.ssh"}}, "stack.env.data_dir", "outside ~/.ssh"),
+        ({"env": {"model_dir": "/home/verl/.ssh/m"}}, "stack.env.model_dir", "outside ~/.ssh"),
+        ({"env": {"data_dir": "/home/verl/.gnupg/d"}}, "stack.env.data_dir", "outside ~/.gnupg"),
+        ({"ray": {"temp_dir": "/"}}, "stack.ray.temp_dir", "not a system directory"),
+        ({"ray": {"temp_dir": "/etc"}}, "stack.ray.temp_dir", "not a system directory"),
+        ({"ray": {"temp_dir": "/usr/lib/ray"}}, "stack.ray.temp_dir", "not a system directory"),
+        ({"ray": {"temp_dir": "/tmp"}}, "stack.ray.temp_dir", "not a system directory"),
+        (
+            {"training": {"data": {"train_file": "a.parquet", "val_file": "a.parquet"}}},
+            "stack.training.data.val_file",
+            "other than train_file",
+        ),
+    ],  # fmt: skip
+)
+def test_overlapping_env_paths_and_system_temp_dirs_are_refused(stack, field, words):
+    err = refused(stack)
+    assert err.field == field and words in str(err), str(err)
+
+
+def test_separate_env_paths_and_own_temp_dirs_pass():
+    spec = load_spec(
+        "lab1",
+        {
+            "env": {"data_dir": "/home/verl/d", "model_dir": "/home/verl/dm"},  # a prefix only
+            "ray": {"temp_dir": "/var/tmp/ray"},
+        },
+    )
+    assert (spec.env.data_dir, spec.ray.temp_dir) == ("/home/verl/d", "/var/tmp/ray")
+
+
+def test_env_path_outside_home_suggests_that_fields_own_default():
+    err = refused({"env": {"conda_prefix": "/home/verl"}})
+    assert str(err).endswith("e.g. '/home/verl/miniconda3'"), str(err)
+    err = refused({"env": {"data_dir": "/srv/data"}})
+    assert str(err).endswith("e.g. '/home/verl/data'"), str(err)
+
+
+@pytest.mark.parametrize("value", [3.10, 3.1012, 3])
+def test_a_python_version_written_as_a_number_says_to_quote_it(value):
+    err = refused({"python_version": value})
+    assert "string in quotes, such as '3.10.12'" in str(err) and "3.10 is 3.1" in str(err)
+
+
+@pytest.mark.parametrize(
+    "key", ["Stack_host", "host_stack", "STACK", "Stack", "stack-host", "stakc_host", "stak",
+            "stackhost", "stack_hosts", "my_stack"],
+)  # fmt: skip
+def test_host_data_keys_close_to_stack_are_refused_with_the_allowed_names(key):
+    clear_spec_cache()
+    with pytest.raises(SpecError) as info:
+        spec_for_host(_Host("lab6", **{key: {"policy": {"allow_reboot": True}}}))
+    assert info.value.field == key
+    assert f"unknown host-data key {key!r} (allowed: stack, stack_host)" in str(info.value)
+
+
+def test_pyinfra_host_data_keys_are_not_taken_for_stack():
+    from p40fleet.spec import stray_host_key
+
+    for key in ("ssh_hostname", "ssh_user", "ssh_port", "ssh_key", "ssh_known_hosts_file",
+                "ssh_strict_host_key_checking", "_sudo", "_sudo_user", "_env", "_su_user",
+                "p40fleet_run_lock", "state", "task", "track", "stack", "stack_host"):  # fmt: skip
+        assert not stray_host_key(key), key
+
+
+@pytest.mark.parametrize(
+    ("stack", "stack_host", "anchors"),
+    [
+        ({}, {"torch": {"sha256": {"torchvision": SHA_A}}}, ["torch.sha256"]),
+        (
+            {},
+            {"policy": {"allow_unverified_host_keys": True}},
+            ["policy.allow_unverified_host_keys"],
+        ),
+        ({"mirror": {"artifacts_url": "https://m/a"}}, {"mirror": None}, ["mirror"]),
+        (
+            {},
+            {"cuda": {"sha256": SHA_A}, "verl": {"commit": "b" * 40}},
+            ["cuda.sha256", "verl.commit"],
+        ),
+        ({}, {"mirror": {"apt": {"trusted": True}}}, ["mirror.apt.trusted"]),
+        # the same value as stack's, or no anchor at all: nothing to say
+        (
+            {"policy": {"allow_unverified_host_keys": True}},
+            {"policy": {"allow_unverified_host_keys": True}},
+            [],
+        ),
+        (
+            {},
+            {"driver": {"url": "http://other.example/d.run"}, "policy": {"allow_reboot": True}},
+            [],
+        ),
+        ({}, None, []),
+    ],  # fmt: skip
+)
+def test_stack_host_replacing_a_trust_anchor_is_named(stack, stack_host, anchors):
+    from p40fleet.spec import trust_anchor_overrides
+
+    assert trust_anchor_overrides(stack, stack_host) == anchors

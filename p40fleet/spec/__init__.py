@@ -20,6 +20,8 @@ from p40fleet.spec.load import (
     host_key_problem,
     load_spec,
     spec_for_host,
+    stray_host_key,
+    trust_anchor_overrides,
 )
 from p40fleet.spec.pins import *  # noqa: F403  (the pinned models, listed once: pins.__all__)
 
@@ -32,4 +34,6 @@ __all__ = [
     "host_key_problem",
     "load_spec",
     "spec_for_host",
+    "stray_host_key",
+    "trust_anchor_overrides",
 ]

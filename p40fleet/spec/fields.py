@@ -88,7 +88,29 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9._+-]+")
 _URL_UNSAFE = re.compile(r"""['"`$\\;<>|]""")
 
 
+#: Linux's NAME_MAX (bytes of one path component) and PATH_MAX - 1 (bytes of a whole path).
+NAME_MAX = 255
+PATH_MAX = 4095
+#: The longest URL the spec takes (a mirror's URL is short; browsers and proxies cap near here).
+URL_MAX = 2048
+
+
+def _length_problem(value: str) -> str | None:
+    """Why ``value`` is too long for a Linux path (None: it fits): found here, not on the host."""
+    if len(value.encode()) > PATH_MAX:
+        return f"expected a path of at most {PATH_MAX} bytes (Linux's PATH_MAX), got {len(value)}"
+    longest = max(value.split("/"), key=len)
+    if len(longest.encode()) > NAME_MAX:
+        return (
+            f"expected path components of at most {NAME_MAX} bytes (Linux's NAME_MAX), got one "
+            f"of {len(longest)}"
+        )
+    return None
+
+
 def _abs_path(value: str) -> str:
+    if too_long := _length_problem(value):
+        raise ValueError(too_long)
     if not value.startswith("/"):
         raise ValueError("expected an absolute path (starting with '/')")
     if not _SAFE_PATH.fullmatch(value):
@@ -105,8 +127,30 @@ def _abs_path(value: str) -> str:
     return normalised
 
 
+#: Where a credential of a mirror belongs instead of the URL (README, "Mirror credentials").
+CREDENTIALS_FIX = (
+    "put them where each tool reads them (README, 'Mirror credentials'): the training user's "
+    "~/.netrc for pip and git, conda auth login (the conda-auth plugin) for conda, "
+    "/etc/apt/auth.conf.d/ for apt, root's ~/.netrc (with netrc-optional in root's ~/.curlrc) "
+    "for the artifact downloads"
+)
+
+
+def url_host_problem(host: str | None) -> str | None:
+    """Why ``host`` (a URL's host) is refused (None: it is not): a non-ASCII or punycode name
+    can look like another one (``nvidi\u0430.com``, ``xn--nvidi-7ve.com``)."""
+    if host and (not host.isascii() or any(lab.startswith("xn--") for lab in host.split("."))):
+        return (
+            "expected an ASCII host name (a non-ASCII or punycode 'xn--' host can pass for "
+            "another one): write the server's plain name or IP address"
+        )
+    return None
+
+
 def _http_url(value: str) -> str:
     value = value.strip()
+    if len(value) > URL_MAX:
+        raise ValueError(f"expected a URL of at most {URL_MAX} characters, got {len(value)}")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or re.search(r"\s", value):
         raise ValueError("expected an http:// or https:// URL")
@@ -115,6 +159,14 @@ def _http_url(value: str) -> str:
             "expected a URL without quotes, $, \\, backticks, ;, <, >, | or control characters "
             "(percent-encode them)"
         )
+    # Security N9: a credential in a URL would be shown in logs, refusals, reports and
+    # operation names, and be readable in the hosts' command lines.
+    if "@" in parts.netloc:
+        raise ValueError(f"expected a URL without credentials (user:password@); {CREDENTIALS_FIX}")
+    if host_problem := url_host_problem(parts.hostname):
+        raise ValueError(host_problem)
+    if not value.isascii():
+        raise ValueError("expected an ASCII URL (percent-encode other characters)")
     return value
 
 
@@ -125,13 +177,16 @@ def _base_url(value: str) -> str:
 def _url_or_abs_path(value: str) -> str:
     if value.startswith("/"):
         return _abs_path(value)
-    try:
-        return _base_url(value)
-    except ValueError:
-        raise ValueError("expected an http(s) URL or an absolute directory path") from None
+    if value.strip().lower().startswith(("http://", "https://")):
+        return _base_url(value)  # with its own reason (credentials, host, length)
+    raise ValueError("expected an http(s) URL or an absolute directory path")
 
 
 def _filename(value: str) -> str:
+    if len(value.encode()) > NAME_MAX:
+        raise ValueError(
+            f"expected a file name of at most {NAME_MAX} bytes (Linux's NAME_MAX), got {len(value)}"
+        )
     if not value or "/" in value or value in (".", "..") or "\x00" in value:
         raise ValueError("expected a plain file name (no '/'), e.g. the last part of the URL")
     if not _SAFE_NAME.fullmatch(value):
@@ -177,6 +232,16 @@ def _pep440(value: str) -> str:
         raise ValueError("expected a PEP 440 version such as 2.6.0+cu118") from None
     if str(parsed) != value:
         raise ValueError(f"expected a PEP 440 version in normal form, i.e. {str(parsed)!r}")
+    return value
+
+
+def _python_version_text(value: Any) -> Any:
+    """A number is refused before pydantic sees it: YAML/Python's 3.10 is the float 3.1."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError(
+            "expected the version as a string in quotes, such as '3.10.12' (written as a number "
+            "it loses digits: 3.10 is 3.1)"
+        )
     return value
 
 
@@ -253,6 +318,11 @@ _APT_WORD = r"[A-Za-z0-9][A-Za-z0-9._+~-]*"
 
 def _host_address(value: str) -> str:
     value = value.strip()
+    if value.startswith("[") and value.endswith("]"):  # [2001:db8::1], as in a URL
+        try:
+            return str(ipaddress.IPv6Address(value[1:-1]))
+        except ValueError:
+            raise ValueError("expected an IPv6 address inside [ ], such as [2001:db8::1]") from None
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:

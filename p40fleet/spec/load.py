@@ -7,6 +7,7 @@ frozen :class:`~p40fleet.spec.pins.StackSpec`; a bad spec raises :class:`SpecErr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,61 @@ _KNOWN_HOST_KEYS = ("stack", "stack_host")
 _cache: dict[str, tuple[Any, Any, StackSpec]] = {}
 
 
+def _distance(a: str, b: str) -> int:
+    """Levenshtein distance of ``a`` and ``b`` (insertions, deletions, substitutions)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
+def stray_host_key(key: object) -> bool:
+    """Whether host-data ``key`` looks meant as ``stack`` or ``stack_host`` but is neither
+    (``Stack_host``, ``host_stack``, ``stack_hosts``, ``stak``): refused, never ignored."""
+    if not isinstance(key, str) or key in _KNOWN_HOST_KEYS:
+        return False
+    folded = key.lower()
+    return (
+        "stack" in folded
+        or _distance(folded, "stack") <= 1
+        or _distance(folded, "stack_host") <= 2
+        or sorted(re.split(r"[-_.]+", folded)) == ["host", "stack"]
+    )
+
+
+def _trust_anchor(path: tuple[str, ...], value: Any) -> bool:
+    """What a ``stack_host`` may not change silently: the sums, commits and switches that
+    decide what the host trusts, and ``mirror: None`` (security N13)."""
+    return path[-1] in (
+        "sha256",
+        "commit",
+        "signed_by",
+        "trusted",
+        "allow_unverified_host_keys",
+    ) or (path == ("mirror",) and not isinstance(value, Mapping))
+
+
+def trust_anchor_overrides(stack: Mapping | None, stack_host: Mapping | None) -> list[str]:
+    """The trust anchors ``stack_host`` sets to a value other than ``stack``'s, as dotted
+    fields (``torch.sha256``, ``policy.allow_unverified_host_keys``, ``mirror``), in order."""
+    found: list[str] = []
+
+    def walk(base: Any, over: Mapping, path: tuple[str, ...]) -> None:
+        for key, value in over.items():
+            here = (*path, str(key))
+            had = base.get(key) if isinstance(base, Mapping) else None
+            if _trust_anchor(here, value) and value != had:
+                found.append(".".join(here))
+            elif isinstance(value, Mapping):
+                walk(had, value, here)
+
+    if isinstance(stack_host, Mapping):
+        walk(stack or {}, stack_host, ())
+    return found
+
+
 def spec_for_host(host: Any) -> StackSpec:
     """The validated spec of a pyinfra ``Host`` (cached per host name); raises SpecError."""
     data = host.data
@@ -64,11 +120,7 @@ def spec_for_host(host: Any) -> StackSpec:
         return cached[2]
 
     all_data = data.dict() if hasattr(data, "dict") else {}
-    strays = [
-        (key, all_data[key])
-        for key in sorted(all_data)
-        if isinstance(key, str) and key.startswith("stack") and key not in _KNOWN_HOST_KEYS
-    ]
+    strays = [(key, all_data[key]) for key in sorted(all_data) if stray_host_key(key)]
     if strays:
         raise SpecError.from_problems(
             host.name,
@@ -79,6 +131,14 @@ def spec_for_host(host: Any) -> StackSpec:
         )
 
     spec = load_spec(host.name, stack, stack_host)
+    if spec.user.name == data.get("ssh_user"):
+        raise SpecError(
+            host.name,
+            "stack.user.name",
+            spec.user.name,
+            "expected a training account other than ssh_user, the account p40fleet connects "
+            "as (it has sudo; the training user runs code p40fleet does not vet)",
+        )
     _cache[host.name] = (stack, stack_host, spec)
     return spec
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from packaging.version import Version
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, model_validator
 from pydantic_core import PydanticUndefined
 
 from p40fleet.profile import HostGpuSummary, summarize_host
@@ -42,6 +42,7 @@ from p40fleet.spec.fields import (
     _APT_WORD,
     _FROZEN,
     _SYSTEM_DIRS,
+    _SYSTEM_TREES,
     _TMP_DIRS,
     HOME_ROOTS,
     AbsPath,
@@ -62,6 +63,7 @@ from p40fleet.spec.fields import (
     _pattern,
     _Problems,
     _python_version,
+    _python_version_text,
     _root_dir_problem,
     _url_or_abs_path,
 )
@@ -134,6 +136,17 @@ GCC_MAX: dict[str, int] = {"11.8": 11}
 #: and for a CPU torch (the simulated lab's); ``verl.requirements`` overrides both.
 VERL_REQUIREMENTS_CUDA = "v0.5.0"
 VERL_REQUIREMENTS_CPU = "lab"
+
+#: Accounts every Ubuntu 20.04 server has (base-passwd, systemd, the server seed) or that a
+#: lab's deploy account is called: never the training user (it runs untrusted code).
+SYSTEM_ACCOUNTS: frozenset[str] = frozenset(
+    ("root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp",
+     "proxy", "www-data", "backup", "list", "irc", "gnats", "nobody", "messagebus", "syslog",
+     "tss", "uuidd", "tcpdump", "landscape", "pollinate", "sshd", "lxd", "usbmux", "dnsmasq",
+     "ntp", "postfix", "admin", "operator", "adm", "sudo", "wheel", "staff", "users")
+)  # fmt: skip
+# Directories of the home that hold credentials: no env path (written by deploys) goes there.
+_CREDENTIAL_DIRS = (".ssh", ".gnupg")
 
 # Default locations of the env paths, relative to user.home.
 _ENV_SUBDIRS = {
@@ -370,6 +383,15 @@ class Paths(BaseModel):
         return self
 
 
+def _not_system_account(name: str) -> str:
+    if name in SYSTEM_ACCOUNTS or name.startswith(("systemd-", "_")):
+        raise ValueError(
+            "expected the name of a dedicated training account such as verl, not a system or "
+            "administrator account (the training user runs code p40fleet does not vet)"
+        )
+    return name
+
+
 class TrainingUser(BaseModel):
     model_config = _FROZEN
 
@@ -381,6 +403,7 @@ class TrainingUser(BaseModel):
                 "expected a Unix user name: lowercase letters, digits, '_' or '-', at most 32",
             )
         ),
+        AfterValidator(_not_system_account),
     ] = "verl"
     uid: int = Field(default=2001, ge=1000, le=60000)
     home: AbsPath = "/home/verl"
@@ -578,11 +601,28 @@ class RayCluster(BaseModel):
 
     @model_validator(mode="after")
     def _checks(self) -> RayCluster:
+        problems = []
         if self.dashboard and self.dashboard_port == self.port:
-            raise _Problems(
-                [Problem(("dashboard_port",), self.dashboard_port,
-                         f"expected a port other than ray.port {self.port}")]
-            )  # fmt: skip
+            problems.append(
+                Problem(
+                    ("dashboard_port",),
+                    self.dashboard_port,
+                    f"expected a port other than ray.port {self.port}",
+                )
+            )
+        # Ray creates, fills and deletes session dirs here as the training user.
+        temp = self.temp_dir
+        if temp in _SYSTEM_DIRS or any(_is_under(temp, tree) for tree in _SYSTEM_TREES):
+            problems.append(
+                Problem(
+                    ("temp_dir",),
+                    temp,
+                    "expected a directory of Ray's own such as /tmp/ray, not a system "
+                    "directory or one inside the OS's trees",
+                )
+            )
+        if problems:
+            raise _Problems(problems)
         return self
 
 
@@ -623,6 +663,14 @@ class TrainingData(BaseModel):
     val_file: FileName = "test.parquet"
     archive: TrainingArchive | None = None
 
+    @model_validator(mode="after")
+    def _two_files(self) -> TrainingData:
+        if self.train_file == self.val_file:
+            raise _Problems([Problem(("val_file",), self.val_file,
+                                     "expected a validation file other than train_file (verl "
+                                     "would validate on the training data)")])  # fmt: skip
+        return self
+
 
 class Training(BaseModel):
     """What ``~/launch-ppo.sh`` trains on, and the sequence lengths the plan is sized for."""
@@ -643,7 +691,9 @@ class StackSpec(BaseModel):
     cuda: CudaArtifact = Field(default_factory=CudaArtifact)
     cudnn: CudnnArtifact = Field(default_factory=CudnnArtifact)
     miniconda: MinicondaArtifact = Field(default_factory=MinicondaArtifact)
-    python_version: Annotated[str, AfterValidator(_python_version)] = "3.10.12"
+    python_version: Annotated[
+        str, BeforeValidator(_python_version_text), AfterValidator(_python_version)
+    ] = "3.10.12"
     torch: TorchPin = Field(default_factory=TorchPin)
     apex: ApexPin = Field(default_factory=ApexPin)
     verl: VerlPin = Field(default_factory=VerlPin)
@@ -686,12 +736,14 @@ class StackSpec(BaseModel):
                 ("env", field),
                 value,
                 f"expected a path under user.home {home!r} (so it survives an OS reinstall "
-                f"that keeps /home), e.g. {posixpath.join(home, posixpath.basename(value))!r}",
+                f"that keeps /home), e.g. {posixpath.join(home, _ENV_SUBDIRS[field])!r}",
             )
             for field, value in self.env.model_dump().items()
             if field != "name" and not _is_under(value, home, strict=True)
         ]
         problems += self._root_dirs_outside_home()
+        if not problems:
+            problems += self._env_overlaps()
         problems += self._half_done_overrides()
         problems += self._training_archives_reachable()
         if problems:
@@ -715,6 +767,36 @@ class StackSpec(BaseModel):
             for field in ("artifact_cache", "cudnn_extract_dir")
             if _is_under(value := getattr(self.paths, field), home)
         ]
+
+    def _env_overlaps(self) -> list[Problem]:
+        """Env paths that are one another (or inside one another), or in a credentials dir:
+        each deploy creates, fills and replaces its own as the training user."""
+        problems = []
+        paths = [(field, getattr(self.env, field)) for field in _ENV_SUBDIRS]
+        for i, (field, value) in enumerate(paths):
+            for other, other_value in paths[:i]:
+                if _is_under(value, other_value) or _is_under(other_value, value):
+                    example = posixpath.join(self.user.home, _ENV_SUBDIRS[field])
+                    problems.append(
+                        Problem(
+                            ("env", field),
+                            value,
+                            f"expected a directory apart from env.{other} {other_value!r} "
+                            f"(not the same, not inside it), e.g. {example!r}",
+                        )
+                    )
+                    break
+            for secret in _CREDENTIAL_DIRS:
+                if _is_under(value, posixpath.join(self.user.home, secret)):
+                    problems.append(
+                        Problem(
+                            ("env", field),
+                            value,
+                            f"expected a directory outside ~/{secret} (the user's credentials, "
+                            "which a deploy would then write into)",
+                        )
+                    )
+        return problems
 
     def _half_done_overrides(self) -> list[Problem]:
         """A changed version with the old version's file/sum/commit left in place."""

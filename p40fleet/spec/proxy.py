@@ -27,16 +27,19 @@ __all__ = ["Proxy", "redact"]
 
 # Userinfo of any URL in a text: scheme://user:password@ (the password is what is hidden).
 _USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*):(?P<pw>[^\s@/]*)@")
+# A user part alone (scheme://TOKEN@host: a token as the user name) is hidden whole.
+_TOKEN_USER = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)[^\s:/@]+@")
 # Characters no proxy URL needs (the value is single-quoted in a shell file): percent-encode.
 _UNSAFE = re.compile(r"[\s'\"\\`$;<>|&(){}\x00-\x1f\x7f]")
 _NO_PROXY_ENTRY = re.compile(r"\.?[A-Za-z0-9](?:[A-Za-z0-9-]{0,62})(?:\.[A-Za-z0-9-]{1,63})*")
 
 
 def redact(value: Any) -> Any:
-    """``value`` with the password of every ``scheme://user:password@`` in it as ``***``
-    (strings, and the strings inside lists, tuples and dicts); anything else unchanged."""
+    """``value`` with the password of every ``scheme://user:password@`` in it as ``***``, and
+    a user part without a password (``scheme://TOKEN@``, a token) as ``***`` whole (strings,
+    and the strings inside lists, tuples and dicts); anything else unchanged."""
     if isinstance(value, str):
-        return _USERINFO.sub(r"\g<head>:***@", value)
+        return _TOKEN_USER.sub(r"\g<head>***@", _USERINFO.sub(r"\g<head>:***@", value))
     if isinstance(value, (list, tuple)):
         return type(value)(redact(v) for v in value)
     if isinstance(value, dict):
