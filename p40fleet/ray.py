@@ -65,7 +65,7 @@ TOKEN_FILE = f"{TOKEN_DIR}/ray-auth.env"
 #: Ray's own token format (``ray get-auth-token --generate``: ``secrets.token_hex(32)``).
 _TOKEN = re.compile(r"[0-9a-f]{64}")
 #: ``ray start`` for a head without the Ray Client server: Ray 2.52's ``ray start`` binds it
-#: (port 10001, every interface of the head) whenever grpcio imports, and has no switch to
+#: (port 10001, the head's address and loopback) whenever grpcio imports, and has no switch to
 #: leave it out; told that the client's dependency is missing, it starts none (and refuses
 #: ``--ray-client-server-port``). Run with the env's python as the ``ray`` console script.
 RAY_START_NO_CLIENT = (

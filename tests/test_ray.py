@@ -100,7 +100,7 @@ def test_head_and_worker_start_lines():
 
 
 def test_the_head_binds_the_ray_client_server_only_when_asked():
-    """Ray 2.52's ``ray start --head`` binds the client server (10001, every interface)
+    """Ray 2.52's ``ray start --head`` binds the client server (10001, its address)
     whenever grpcio imports: off by default, through the launcher; on with the spec's port."""
     off = plan_ray(load_spec("lab1", {}), "lab1", "lab1", "h")
     assert off.argv[:2] == (PYTHON, "-c") and "--ray-client-server-port" not in " ".join(off.argv)

@@ -576,7 +576,7 @@ class RayCluster(BaseModel):
     # Ray's --temp-dir (session dirs, logs); Ray's own default.
     temp_dir: AbsPath = "/tmp/ray"
     # The Ray Client server (ray://HEAD:port, a remote driver) on the head: off unless asked
-    # (``ray start`` binds it on every interface of the head, port 10001, whenever grpcio is
+    # (``ray start`` binds it on the head's address and loopback, port 10001, whenever grpcio is
     # installed, as it is with ray[default]); with token authentication it asks for the token.
     client_server: bool = False
     client_server_port: Port = 10001
