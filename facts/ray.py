@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from facts.verify import SIMULATED_HOST_TEST
 from p40fleet.privdrop import AS_USER_FN
-from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
+from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
 
 __all__ = ["HasSystemd", "RayStatus", "STATUS_TIMEOUT_S"]
 
@@ -45,6 +45,9 @@ class RayStatus(FactBase[RayProbe]):
     + address: the head's GCS, ``HOST:PORT``
     + temp_dir: Ray's temp dir (the newest ``session_latest/logs/raylet*.out`` names this node)
     + user: the training user, who runs ``ray status`` (the CLI is in its env: never root)
+
+    The cluster's token (``TOKEN_FILE``, root's own, root:root 0600): root opens it and hands
+    it to the user's ``ray status`` on stdin (never on a command line or as a path to the user).
     """
 
     default = RayProbe
@@ -52,7 +55,7 @@ class RayStatus(FactBase[RayProbe]):
     @override
     def command(self, ray: str, address: str, temp_dir: str, user: str) -> str:
         unit, path = shlex.quote(UNIT_NAME), shlex.quote(UNIT_PATH)
-        u, cli = shlex.quote(user), shlex.quote(ray)
+        u, cli, token = shlex.quote(user), shlex.quote(ray), shlex.quote(TOKEN_FILE)
         logs = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs")
         # Ray's temp dir is the training user's (Ray makes /tmp/ray 0777): its logs are read
         # as that user, a regular file only, bounded (a FIFO there ends by the time bound).
@@ -67,8 +70,12 @@ class RayStatus(FactBase[RayProbe]):
         )
         status = node + (
             "if [ \"$1\" != yes ]; then echo 'not a member: no unit'; echo '@@rc=0'; "
-            f"elif [ -x {cli} ]; then timeout {STATUS_TIMEOUT_S} {cli} status "
-            f'--address {shlex.quote(address)} -v 2>&1; echo "@@rc=$?"; '
+            f"elif [ -x {cli} ]; then "
+            # the token (RAY_AUTH_TOKEN=<hex>, from root's file on stdin) for Ray's own loader
+            "IFS= read -r t || :; RAY_AUTH_TOKEN=${t#RAY_AUTH_TOKEN=}; t=; "
+            "RAY_AUTH_MODE=token; export RAY_AUTH_MODE RAY_AUTH_TOKEN; "
+            f"timeout {STATUS_TIMEOUT_S} {cli} status "
+            f'--address {shlex.quote(address)} -v 2>&1 </dev/null; echo "@@rc=$?"; '
             f"else echo {shlex.quote(f'ray CLI {ray} is missing')}; echo '@@rc=127'; fi"
         )
         return "\n".join(
@@ -88,8 +95,11 @@ class RayStatus(FactBase[RayProbe]):
                 "  else echo 'not a member: no unit'; echo '@@rc=0'; fi",
                 "else",
                 AS_USER_FN,
+                f"  if [ -f {token} ] && [ ! -L {token} ]; then p40fleet_tk={token}; "
+                "else p40fleet_tk=/dev/null; fi",
                 f"  p40fleet_ask {STATUS_TIMEOUT_S + 10} {u} sh -c {shlex.quote(status)} "
-                "sh \"$p40fleet_unit\" </dev/null || { echo @@ray-status; echo '@@rc=124'; }",
+                'sh "$p40fleet_unit" <"$p40fleet_tk" '
+                "|| { echo @@ray-status; echo '@@rc=124'; }",
                 "fi",
             ]
         )

@@ -6,21 +6,40 @@ plan renders, and the unit is running and enabled. Then nothing is done. Otherwi
 own operations do the work: ``files.template`` writes the unit, ``systemd.service`` reloads,
 (re)starts and enables it. systemd restarts the member when it dies (``Restart=always``) and
 starts it at boot (``WantedBy=multi-user.target``).
+
+Token authentication (review S2): the cluster's token (``p40fleet.ray.cluster_token``, made
+once on the controller and kept in its cache) lives on the member in ``TOKEN_FILE``,
+root:root 0600 in root's ``/etc/p40fleet`` (never under the training user's home); the unit
+sets ``RAY_AUTH_MODE=token`` and has systemd read that file. A new or changed token restarts
+the member, as a new unit does. The token is never in an operation's name, a log or a command
+line: it travels only as the upload's content.
 """
 
 from __future__ import annotations
 
+import hashlib
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
-from pyinfra.facts.files import File
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import files, systemd
 
 from facts.ray import HasSystemd
 from facts.survey import ask
 from operations.refuse import refuse
-from p40fleet.ray import UNIT_NAME, UNIT_PATH, RayPlan
+from operations.survey import same_file
+from p40fleet.ray import (
+    TOKEN_DIR,
+    TOKEN_FILE,
+    UNIT_NAME,
+    UNIT_PATH,
+    RayError,
+    RayPlan,
+    cluster_token,
+    token_file_text,
+)
 
 __all__ = ["TEMPLATE", "ray_left_out", "ray_member"]
 
@@ -46,7 +65,7 @@ def ray_member(plan: RayPlan):
             remedy="run the Ray member on a host booted with systemd (Ubuntu 20.04 is)",
         )
         return
-    ray = plan.argv[0]
+    ray = plan.cli or plan.argv[0]
     if not ask(host, File, path=ray):
         yield from refuse._inner(
             step=STEP,
@@ -54,6 +73,14 @@ def ray_member(plan: RayPlan):
             remedy="run deploy/python.py first (it installs ray with verl's pinned requirements)",
         )
         return
+    try:
+        text = token_file_text(cluster_token(plan.cluster))
+    except RayError as exc:
+        yield from refuse._inner(step=STEP, reason=exc.cause, remedy=exc.fix)
+        return
+    yield from _token_file(text)
+    # a member that runs with another token (or none) restarts: a mode fixed alone does not
+    new_token = ask(host, Sha1File, path=TOKEN_FILE) != hashlib.sha1(text.encode()).hexdigest()
     unit = list(
         files.template._inner(
             src=TEMPLATE,
@@ -65,14 +92,31 @@ def ray_member(plan: RayPlan):
         )
     )
     yield from unit
-    # A new unit file: reload it, and restart a member that runs the old one.
+    # A new unit file: reload it, and restart a member that runs the old one (or the old token).
     yield from systemd.service._inner(
         service=UNIT_NAME,
         running=True,
-        restarted=bool(unit),
+        restarted=bool(unit) or new_token,
         enabled=True,
         daemon_reload=bool(unit),
     )
+
+
+def _token_file(text: str):
+    """Yield what makes ``TOKEN_FILE`` hold ``text``, root:root 0600 (nothing when it does).
+    Never readable by others, not even between the upload and its chmod: a root-only dir, and
+    the file made 0600 before the upload writes into it (as operations.proxy.credentials)."""
+    if same_file(TOKEN_FILE, text.encode(), user="root", group="root", mode="600"):
+        return
+    yield StringCommand(
+        "install -d -m 700 -o root -g root", QuoteString(TOKEN_DIR),
+        "&& ( umask 077 && touch", QuoteString(TOKEN_FILE), ") && chmod 600",
+        QuoteString(TOKEN_FILE),
+    )  # fmt: skip
+    yield from files.put._inner(
+        src=StringIO(text), dest=TOKEN_FILE, user="root", group="root", mode="600",
+        add_deploy_dir=False,
+    )  # fmt: skip
 
 
 @operation()
@@ -82,12 +126,18 @@ def ray_left_out(why: str):
 
     + why: why the plan leaves it out (for the log)
 
-    A unit of an earlier plan is stopped, disabled and removed (pyinfra's own operations);
-    no unit: nothing to do.
+    A unit of an earlier plan is stopped, disabled and removed (pyinfra's own operations), and
+    the cluster's token with it; no unit and no token: nothing to do.
     """
+    token = ask(host, File, path=TOKEN_FILE)  # no stale token stays on a host left out
     if not ask(host, File, path=UNIT_PATH):
-        host.noop(f"no Ray member here: left out of the cluster ({why})")
+        if token:
+            yield from files.file._inner(path=TOKEN_FILE, present=False)
+        else:
+            host.noop(f"no Ray member here: left out of the cluster ({why})")
         return
     yield from systemd.service._inner(service=UNIT_NAME, running=False, enabled=False)
     yield from files.file._inner(path=UNIT_PATH, present=False)
     yield StringCommand("systemctl", "daemon-reload")
+    if token:
+        yield from files.file._inner(path=TOKEN_FILE, present=False)

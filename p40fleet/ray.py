@@ -6,6 +6,12 @@ choice of head into a :class:`RayPlan`: the ``ray start ... --block`` command li
 systemd unit ``p40fleet-ray.service`` (``files/ray.service.j2``) runs as the training user.
 :func:`parse_probe` reads the answers of the ``facts.ray.RayStatus`` fact (the unit's state and
 ``ray status -v``, real Ray 2.48 output: ``tests/fixtures/ray/``).
+
+Token authentication (Ray >= 2.52, review S2): every member runs with ``RAY_AUTH_MODE=token``
+and the cluster's token (:func:`cluster_token`: made once on the controller, kept in its cache
+at 0600) read by systemd from :data:`TOKEN_FILE` (root:root 0600, outside the training user's
+home). A client without that token is refused by the GCS, the raylets and the Ray Client
+server. The Ray Client server runs only with ``stack.ray.client_server``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,13 +34,17 @@ __all__ = [
     "MEMBERS_FILE",
     "UNIT_NAME",
     "UNIT_PATH",
+    "TOKEN_FILE",
     "ClusterStatus",
     "LearntMembers",
     "RayError",
     "RayPlan",
     "RayProbe",
     "choose_head",
+    "cluster_token",
     "host_port",
+    "token_file_text",
+    "token_path",
     "load_members",
     "members_path",
     "parse_probe",
@@ -48,6 +59,22 @@ UNIT_NAME = "p40fleet-ray.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 #: Inventory group whose one host is the head when ``stack.ray.head`` is not set.
 HEAD_GROUP = "ray_head"
+#: The cluster's token on a member: root:root 0600, ``RAY_AUTH_TOKEN=<hex>``; systemd reads it
+#: for the unit (``EnvironmentFile=``), root for verify's ``ray status`` (facts.ray.RayStatus).
+TOKEN_DIR = "/etc/p40fleet"
+TOKEN_FILE = f"{TOKEN_DIR}/ray-auth.env"
+#: Ray's own token format (``ray get-auth-token --generate``: ``secrets.token_hex(32)``).
+_TOKEN = re.compile(r"[0-9a-f]{64}")
+#: ``ray start`` for a head without the Ray Client server: Ray 2.52's ``ray start`` binds it
+#: (port 10001, the head's address and loopback) whenever grpcio imports, and has no switch to
+#: leave it out; told that the client's dependency is missing, it starts none (and refuses
+#: ``--ray-client-server-port``). Run with the env's python as the ``ray`` console script.
+RAY_START_NO_CLIENT = (
+    "import sys; import ray.scripts.scripts as s; "
+    "s.get_ray_client_dependency_error = lambda: ImportError("
+    "'the Ray Client server is off (stack.ray.client_server)'); "
+    "sys.argv[0] = 'ray'; sys.exit(s.main())"
+)
 
 
 class RayError(ValueError):
@@ -104,6 +131,12 @@ class RayPlan:
     home: str
     argv: tuple[str, ...]
     env_bin: str
+    cli: str = ""  # the env's ray CLI (argv[0] unless the head runs it through python -c)
+
+    @property
+    def cluster(self) -> str:
+        """``head@address``: the cluster's name in the controller's records."""
+        return f"{self.head}@{self.address}"
 
     def exec_start(self) -> str:
         """``argv`` as a systemd ``ExecStart=`` value."""
@@ -122,6 +155,8 @@ class RayPlan:
                 f"PATH={self.env_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
             ),
             "exec_start": self.exec_start(),
+            "auth_mode": systemd_quote("RAY_AUTH_MODE=token"),
+            "token_file": systemd_path(TOKEN_FILE),
         }
 
 
@@ -143,7 +178,10 @@ def plan_ray(
     """
     ray = spec.ray
     address = host_port(head_address, ray.port)
-    argv = [ray_cli(spec), "start"]
+    cli = ray_cli(spec)
+    argv = [cli, "start"]
+    if host_name == head and not ray.client_server:
+        argv = [f"{cli.rsplit('/', 1)[0]}/python", "-c", RAY_START_NO_CLIENT, "start"]
     if host_name == head:
         argv += ["--head", f"--port={ray.port}"]
     else:
@@ -156,9 +194,11 @@ def plan_ray(
     if host_name == head:
         argv.append(f"--include-dashboard={'true' if ray.dashboard else 'false'}")
         if ray.dashboard:
-            # Ray 2.48 has no authentication: loopback unless the spec names another address.
+            # Loopback unless the spec names another address (its API runs jobs).
             argv += [f"--dashboard-host={ray.dashboard_host}",
                      f"--dashboard-port={ray.dashboard_port}"]  # fmt: skip
+        if ray.client_server:
+            argv.append(f"--ray-client-server-port={ray.client_server_port}")
         argv.append(f"--temp-dir={ray.temp_dir}")  # workers take the head's (Ray's rule)
     argv += ["--disable-usage-stats", "--block"]
     return RayPlan(
@@ -169,8 +209,57 @@ def plan_ray(
         user=spec.user.name,
         home=spec.user.home,
         argv=tuple(argv),
-        env_bin=ray_cli(spec).rsplit("/", 1)[0],
+        env_bin=cli.rsplit("/", 1)[0],
+        cli=cli,
     )
+
+
+# ------------------------------------------------------------------------------------------
+# The cluster's token (kept on the controller)
+# ------------------------------------------------------------------------------------------
+
+
+def token_path(cluster: str) -> Path:
+    """``<controller cache>/ray-auth/<cluster>.token`` (``cluster``: ``head@address``)."""
+    name = re.sub(r"[^A-Za-z0-9_.@-]", "_", cluster)
+    return cache_dir() / "ray-auth" / f"{name}.token"
+
+
+def cluster_token(cluster: str, path: Path | None = None) -> str:
+    """The token of ``cluster``: read from the controller's cache, else made there once
+    (``secrets.token_hex(32)``, as ``ray get-auth-token --generate`` makes one) in a 0600 file
+    of a 0700 directory, never replacing one that another run wrote first."""
+    path = token_path(cluster) if path is None else path
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # 0600
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(32) + "\n")
+            try:
+                os.link(tmp, path)  # fails when another run made it first: that one is kept
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    token = path.read_text().strip()
+    if not _TOKEN.fullmatch(token):
+        raise RayError(
+            f"the cluster's Ray token {path} is not 64 hex digits",
+            f"remove {path} (a new token is made; the next deploy/ray.py run gives it to every "
+            "member and restarts them)",
+        )
+    return token
+
+
+def token_file_text(token: str) -> str:
+    """:data:`TOKEN_FILE`'s content: systemd's ``EnvironmentFile=`` syntax."""
+    if not _TOKEN.fullmatch(token):
+        raise ValueError("a Ray token is 64 hex digits")
+    return f"RAY_AUTH_TOKEN={token}\n"
 
 
 # ------------------------------------------------------------------------------------------

@@ -72,8 +72,8 @@ ROOT_ONLY = {
     "nouveau.initramfs": "/boot",
     "nouveau.unloaded": "the kernel module",
     "proxy.credentials": "/etc/p40fleet (root-only proxy credentials)",
-    "ray.ray_member": "the systemd unit in /etc (the member runs as the user)",
-    "ray.ray_left_out": "the systemd unit in /etc (stopped and removed)",
+    "ray.ray_member": "the unit and the root-only token in /etc (the member runs as the user)",
+    "ray.ray_left_out": "the systemd unit and the token in /etc (stopped and removed)",
     "refuse.refuse": "nothing: it stops the host",
     "run_lock.take": "/var/lib/p40fleet",
 }

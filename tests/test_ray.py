@@ -5,16 +5,20 @@ from __future__ import annotations
 import getpass
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from facts.ray import HasSystemd, RayStatus
 from p40fleet.ray import (
+    RAY_START_NO_CLIENT,
+    TOKEN_FILE,
     UNIT_PATH,
     RayError,
     RayProbe,
     choose_head,
+    cluster_token,
     load_members,
     parse_probe,
     parse_status,
@@ -22,6 +26,7 @@ from p40fleet.ray import (
     save_members,
     systemd_path,
     systemd_quote,
+    token_file_text,
 )
 from p40fleet.spec import SpecError, load_spec
 from p40fleet.verification.check import FAIL, PASS, SKIP
@@ -37,6 +42,7 @@ NO_GCS = (FIXTURES / "status-2.48.0-no-gcs.txt").read_text().splitlines()
 HEAD_ID = "dba85ff5b25350855d5f6c65dd47e864c36c57a7c9f1a0fca94170f0"
 WORKER_ID = "0302df07d04c8401454fe5894d0b83568c85181c553fdae5f5644349"
 RAY = "/home/verl/miniconda3/envs/verl-p40/bin/ray"
+PYTHON = "/home/verl/miniconda3/envs/verl-p40/bin/python"
 
 
 # -- spec -----------------------------------------------------------------------------------
@@ -78,10 +84,12 @@ def test_head_and_worker_start_lines():
     spec = load_spec("lab1", {"ray": {"port": 6380}}, {"ray": {"node_ip": "10.231.0.11"}})
     head = plan_ray(spec, "lab1", "lab1", "10.231.0.11")
     assert head.role == "head" and head.address == "10.231.0.11:6380"
-    assert head.exec_start() == (
-        f"{RAY} start --head --port=6380 --node-ip-address=10.231.0.11 "
+    assert head.argv[:3] == (PYTHON, "-c", RAY_START_NO_CLIENT) and head.cli == RAY
+    assert " ".join(head.argv[3:]) == (
+        "start --head --port=6380 --node-ip-address=10.231.0.11 "
         "--include-dashboard=false --temp-dir=/tmp/ray --disable-usage-stats --block"
     )
+    assert head.exec_start().startswith(f'{PYTHON} -c "import sys; ')
     worker = plan_ray(load_spec("lab2", {}), "lab2", "lab1", "10.231.0.11")
     assert worker.role == "worker"
     assert worker.argv == (
@@ -89,6 +97,55 @@ def test_head_and_worker_start_lines():
     )  # fmt: skip
     dash = plan_ray(load_spec("lab1", {"ray": {"dashboard": True}}), "lab1", "lab1", "h")
     assert "--include-dashboard=true" in dash.argv and "--dashboard-port=8265" in dash.argv
+
+
+def test_the_head_binds_the_ray_client_server_only_when_asked():
+    """Ray 2.52's ``ray start --head`` binds the client server (10001, its address)
+    whenever grpcio imports: off by default, through the launcher; on with the spec's port."""
+    off = plan_ray(load_spec("lab1", {}), "lab1", "lab1", "h")
+    assert off.argv[:2] == (PYTHON, "-c") and "--ray-client-server-port" not in " ".join(off.argv)
+    on = plan_ray(load_spec("lab1", {"ray": {"client_server": True}}), "lab1", "lab1", "h")
+    assert on.argv[:2] == (RAY, "start") and "--ray-client-server-port=10001" in on.argv
+    port = load_spec("lab1", {"ray": {"client_server": True, "client_server_port": 10005}})
+    assert "--ray-client-server-port=10005" in plan_ray(port, "lab1", "lab1", "h").argv
+    with pytest.raises(SpecError, match="client_server_port"):
+        load_spec("lab1", {"ray": {"client_server": True, "client_server_port": 6379}})
+
+
+def test_the_launcher_leaves_the_client_server_out(tmp_path):
+    """The launcher's code against a stand-in of ``ray.scripts.scripts`` with Ray 2.52's rule
+    (``has_ray_client = get_ray_client_dependency_error() is None``, then port 10001)."""
+    pkg = tmp_path / "ray" / "scripts"
+    pkg.mkdir(parents=True)
+    (tmp_path / "ray" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scripts.py").write_text(
+        "import sys\n"
+        "def get_ray_client_dependency_error():\n    return None  # grpcio imports\n"
+        "def main():\n"
+        "    port = 10001 if get_ray_client_dependency_error() is None else None\n"
+        "    print(sys.argv[0], sys.argv[1:], 'client_server_port', port)\n    return 0\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", RAY_START_NO_CLIENT, "start", "--head"],
+                         env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.split() == ["ray", "['start',", "'--head']", "client_server_port", "None"]
+
+
+def test_the_cluster_token_is_made_once_0600_and_kept(tmp_path):
+    path = tmp_path / "cache" / "ray-auth" / "lab1@10.0.0.1_6379.token"
+    token = cluster_token("lab1@10.0.0.1:6379", path)
+    assert len(token) == 64 and int(token, 16) >= 0
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert cluster_token("lab1@10.0.0.1:6379", path) == token  # a second run: the same
+    assert cluster_token("x", tmp_path / "other.token") != token  # another cluster: its own
+    assert token_file_text(token) == f"RAY_AUTH_TOKEN={token}\n"
+    path.write_text("not a token\n")
+    with pytest.raises(RayError, match="not 64 hex digits") as bad:
+        cluster_token("lab1@10.0.0.1:6379", path)
+    assert f"remove {path}" in bad.value.fix
+    with pytest.raises(ValueError):
+        token_file_text("abc")
 
 
 def test_systemd_quoting():
@@ -217,18 +274,29 @@ def test_ray_status_fact_command(tmp_path):
     log.mkdir(parents=True)
     (log / "raylet.out").write_text((FIXTURES / "raylet.out-2.48.0-head.txt").read_text())
     cli = tmp_path / "ray-cli"
-    cli.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\ncat {FIXTURES}/"
-                   "status-v-2.48.0-2nodes-6gpu.txt\n")  # fmt: skip
+    cli.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n"
+                   f"echo \"$RAY_AUTH_MODE $RAY_AUTH_TOKEN\" > {tmp_path}/auth\n"
+                   f"cat {FIXTURES}/status-v-2.48.0-2nodes-6gpu.txt\n")  # fmt: skip
     cli.chmod(0o755)
     unit = tmp_path / "unit"
     unit.touch()
+    token = tmp_path / "ray-auth.env"
+    token.write_text(token_file_text("ab" * 32))
     fact = RayStatus()
     command = fact.command(user=ME, ray=str(cli), address="10.231.0.11:6379", temp_dir=str(temp))
-    command = command.replace(UNIT_PATH, str(unit))
+    assert f"< {TOKEN_FILE}" in command  # root's own file, for the user's stdin
+    command = command.replace(UNIT_PATH, str(unit)).replace(TOKEN_FILE, str(token))
+    assert "ab" * 32 not in command  # the token is the file's, never the command line's
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     answers = fact.process(out.stdout.splitlines())
     assert (tmp_path / "args").read_text().split() == ["status", "--address",
                                                        "10.231.0.11:6379", "-v"]  # fmt: skip
+    # ray status gets Ray's token auth from root's file, on stdin (RAY_AUTH_MODE=token)
+    assert (tmp_path / "auth").read_text() == f"token {'ab' * 32}\n"
+    token.unlink()  # no token file: the status runs (and a token-auth cluster refuses it)
+    subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert (tmp_path / "auth").read_text() == "token \n"
+    token.write_text(token_file_text("ab" * 32))
     assert answers.node_id == HEAD_ID and answers.status_rc == 0
     assert answers.status is not None and len(answers.status.active) == 2
     missing = fact.command(user=ME, ray=str(tmp_path / "none"), address="h:1", temp_dir=str(temp))
@@ -299,13 +367,16 @@ def test_unit_quotes_home_and_path_for_systemd():
     assert systemd_quote("HOME=/home/a b") == '"HOME=/home/a b"'
 
 
-def test_readme_says_ray_has_no_authentication():
+def test_readme_says_how_ray_authenticates_and_what_it_does_not_cover():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = text[text.index("**Many boxes: the Ray cluster.**") :]
     section = section[: section.index("\n## ")] if "\n## " in section else section
-    assert "**Ray has no authentication.**" in section
-    for words in ("private network", "firewall", "127.0.0.1", "2.52", "--node-ip-address"):
+    assert "**Ray's token authentication (review S2).**" in section
+    for words in ("RAY_AUTH_MODE=token", "/etc/p40fleet/ray-auth.env", "root:root 0600",
+                  "ray-auth/<cluster>.token", "client_server", "no TLS", "private network",
+                  "firewall", "127.0.0.1", "--node-ip-address"):  # fmt: skip
         assert words in section, words
+    assert "Ray has no authentication" not in text
 
 
 @pytest.mark.parametrize("head_address", ["2001:db8::1", "[2001:db8::1]"])

@@ -13,7 +13,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from facts.gpu import PciGpus
 from facts.ray import HasSystemd
 from operations import ray
-from p40fleet.ray import UNIT_NAME, UNIT_PATH, plan_ray
+from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH, cluster_token, plan_ray
 from p40fleet.spec import load_spec
 from tests.opharness import run_op
 
@@ -21,24 +21,44 @@ SPEC = load_spec("lab1", {})
 PLAN = plan_ray(load_spec("lab2", {}), "lab2", "lab1", "10.231.0.11")
 RAY = PLAN.argv[0]
 UNIT_FILE = {"mode": 644, "user": "root", "group": "root"}
+TOKEN = {"mode": 600, "user": "root", "group": "root"}
+
+
+@pytest.fixture(autouse=True)
+def controller_cache(tmp_path, monkeypatch):
+    """The controller's cache (the cluster's token) in a temp dir."""
+    monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path / "controller"))
+
+
+def token_sha1() -> str:
+    token = cluster_token(PLAN.cluster)
+    return hashlib.sha1(f"RAY_AUTH_TOKEN={token}\n".encode()).hexdigest()
 
 
 def rendered() -> str:
-    fresh = run_op(ray.ray_member, plan=PLAN, facts=facts(unit=None))
+    fresh = run_op(ray.ray_member, plan=PLAN, facts=facts(unit=None, token=None))
     return fresh.uploads[UNIT_PATH]
 
 
-def facts(unit=UNIT_FILE, sha1=None, running=True, enabled=True, systemd=True, cli=True):
+def facts(unit=UNIT_FILE, sha1=None, running=True, enabled=True, systemd=True, cli=True,
+          token=TOKEN, token_sha1=None):  # fmt: skip
+    """A host's answers; ``token``/``token_sha1``: TOKEN_FILE's (the sum: this cluster's)."""
+
     def file(path):
         if path == RAY:
             return {"mode": 755} if cli else None
-        return unit
+        return token if path == TOKEN_FILE else unit
+
+    def sha1sum(path):
+        if path == TOKEN_FILE:
+            return globals()["token_sha1"]() if token_sha1 is None else token_sha1
+        return sha1
 
     return {
         HasSystemd: systemd,
         File: file,
-        Directory: lambda path: None if path == UNIT_PATH else {"mode": 755},
-        Sha1File: sha1,
+        Directory: lambda path: None if path in (UNIT_PATH, TOKEN_FILE) else {"mode": 755},
+        Sha1File: sha1sum,
         TmpDir: "/tmp",
         SystemdStatus: {UNIT_NAME: running},
         SystemdEnabled: {UNIT_NAME: enabled},
@@ -47,7 +67,7 @@ def facts(unit=UNIT_FILE, sha1=None, running=True, enabled=True, systemd=True, c
 
 def test_fresh_host_gets_unit_reload_start_enable():
     result = run_op(ray.ray_member, plan=PLAN, facts=facts(unit=None, running=False,
-                                                           enabled=False))  # fmt: skip
+                                                           enabled=False, token=None))  # fmt: skip
     assert result.commands[-3:] == [
         "systemctl daemon-reload",
         f"systemctl start {UNIT_NAME}",
@@ -79,6 +99,50 @@ def test_stopped_or_disabled_member_is_started_or_enabled_only():
     assert stopped.commands == [f"systemctl start {UNIT_NAME}"]
     disabled = run_op(ray.ray_member, plan=PLAN, facts=facts(sha1=sha1, enabled=False))
     assert disabled.commands == [f"systemctl enable {UNIT_NAME}"]
+
+
+def test_a_fresh_member_gets_the_clusters_token_root_0600_and_token_auth():
+    """The token file (root:root 0600, made so before the upload writes into it) and a unit
+    that runs Ray with RAY_AUTH_MODE=token and has systemd read that file."""
+    result = run_op(ray.ray_member, plan=PLAN, facts=facts(unit=None, running=False,
+                                                           enabled=False, token=None))  # fmt: skip
+    token = cluster_token(PLAN.cluster)
+    assert result.uploads[TOKEN_FILE] == f"RAY_AUTH_TOKEN={token}\n"
+    first = result.commands.index(f"upload {TOKEN_FILE}")
+    assert result.commands[first - 1] == (
+        "install -d -m 700 -o root -g root /etc/p40fleet && ( umask 077 && touch "
+        f"{TOKEN_FILE} ) && chmod 600 {TOKEN_FILE}"
+    )
+    assert f"chmod 600 {TOKEN_FILE}" in result.commands[first + 1 :]
+    assert f"chown root:root {TOKEN_FILE}" in result.commands[first + 1 :]
+    assert first < result.commands.index(f"upload {UNIT_PATH}")  # the token before its unit
+    unit = result.uploads[UNIT_PATH]
+    assert "Environment=RAY_AUTH_MODE=token\n" in unit
+    assert f"EnvironmentFile={TOKEN_FILE}\n" in unit  # no "-": no token, no start
+    # the secret travels only as the upload's content: never a command, log or no-op line
+    said = [*result.commands, *result.logs, *result.noops, *result.failures]
+    assert not [line for line in said if token in line]
+    assert token not in unit
+
+
+def test_a_converged_member_sends_nothing_and_a_new_token_restarts_it():
+    sha1 = hashlib.sha1(rendered().encode()).hexdigest()
+    same = run_op(ray.ray_member, plan=PLAN, facts=facts(sha1=sha1))
+    assert same.commands == [] and not same.changed
+    other = run_op(ray.ray_member, plan=PLAN, facts=facts(sha1=sha1, token_sha1="0" * 40))
+    assert f"upload {TOKEN_FILE}" in other.commands and f"upload {UNIT_PATH}" not in other.commands
+    assert other.commands[-1] == f"systemctl restart {UNIT_NAME}"
+    loose = run_op(ray.ray_member, plan=PLAN, facts=facts(sha1=sha1, token={**TOKEN, "mode": 644}))
+    assert loose.commands[-1] == f"chmod 600 {TOKEN_FILE}"  # made 0600 again, no restart
+
+
+def test_a_bad_token_on_the_controller_refuses_the_host(tmp_path):
+    path = ray.cluster_token.__globals__["token_path"](PLAN.cluster)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("short\n")
+    result = run_op(ray.ray_member, plan=PLAN, facts=facts())
+    assert result.commands == ["function _fail"]
+    assert "not 64 hex digits" in result.failures[0] and f"remove {path}" in result.failures[0]
 
 
 def test_refusals_change_nothing():
@@ -274,6 +338,9 @@ def test_expected_nodes_are_the_head_and_the_training_nodes(fleet):
 def test_a_left_out_host_runs_no_member():
     absent = run_op(ray.ray_left_out, why="1 GPU(s)", facts={File: None})
     assert absent.commands == [] and "left out of the cluster (1 GPU(s))" in absent.noops[0]
+    only_token = {File: lambda path: TOKEN if path == TOKEN_FILE else None}
+    token_only = run_op(ray.ray_left_out, why="1 GPU(s)", facts=only_token)
+    assert token_only.commands == [f"rm -f {TOKEN_FILE}"]  # no stale token stays
     present = run_op(
         ray.ray_left_out,
         why="1 GPU(s)",
@@ -288,6 +355,7 @@ def test_a_left_out_host_runs_no_member():
         f"systemctl disable {UNIT_NAME}",
         f"rm -f {UNIT_PATH}",
         "systemctl daemon-reload",
+        f"rm -f {TOKEN_FILE}",
     ]
 
 

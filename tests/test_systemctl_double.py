@@ -215,6 +215,31 @@ def test_user_environment_and_limits(root):
     shutil.rmtree(out)
 
 
+def test_environment_file_is_read_at_start_and_a_missing_one_fails_it(root, tmp_path):
+    """EnvironmentFile= as systemd reads it (the Ray unit's token): by the manager at every
+    start, comments and quotes handled; missing without "-": the unit does not run."""
+    out, env = tmp_path / "env-out", tmp_path / "unit.env"
+    env.write_text('# the token\nTOKEN=abc123\nQUOTED="a b"\n')
+    script = f"echo $TOKEN:$QUOTED > {out}; exec sleep 300"
+    extra = f"EnvironmentFile={env}\nEnvironmentFile=-{tmp_path}/optional.env\n"
+    booted(root, unit_text(f"/bin/sh -c '{script}'", extra=extra))
+    ctl(root, "start", UNIT)
+    assert wait_for(lambda: out.exists() and out.read_text())
+    assert out.read_text() == "abc123:a b\n"
+    ctl(root, "stop", UNIT)
+    out.unlink()
+    env.unlink()
+    ctl(root, "start", UNIT)
+    assert wait_for(lambda: "failed to load environment files" in _log(root))
+    assert not out.exists() and prop(root, UNIT, "ActiveState") != "active"
+    ctl(root, "stop", UNIT)
+
+
+def _log(root: Path) -> str:
+    path = root / "var/log/p40lab-systemd" / f"{UNIT}.log"
+    return path.read_text() if path.exists() else ""
+
+
 def test_install_puts_systemctl_and_its_boot_hook_in_the_host(tmp_path):
     (tmp_path / "usr/lib").mkdir(parents=True)
     (tmp_path / "lib").symlink_to("usr/lib")

@@ -590,18 +590,31 @@ class RayCluster(BaseModel):
     # This host's address for Ray (set per host in stack_host); None: Ray picks it.
     node_ip: Annotated[str, AfterValidator(_ip)] | None = None
     dashboard: bool = False
-    # Ray has no authentication: the dashboard (and its Jobs API, which runs code) listens on
-    # the head's loopback (reach it with ssh -L); another address opens it to that network.
+    # Every member runs with Ray's token authentication (RAY_AUTH_MODE=token, the cluster's
+    # token from the controller); the dashboard (and its Jobs API, which runs code) still
+    # listens on the head's loopback (reach it with ssh -L); another address opens it to that
+    # network (its HTTP API asks for the token too).
     dashboard_host: Annotated[str, AfterValidator(_ip)] = "127.0.0.1"
     dashboard_port: Port = 8265
     # Nodes verify expects in the cluster; None: every host of the inventory.
     nodes: int | None = Field(default=None, ge=1)
     # Ray's --temp-dir (session dirs, logs); Ray's own default.
     temp_dir: AbsPath = "/tmp/ray"
+    # The Ray Client server (ray://HEAD:port, a remote driver) on the head: off unless asked
+    # (``ray start`` binds it on the head's address and loopback, port 10001, whenever grpcio is
+    # installed, as it is with ray[default]); with token authentication it asks for the token.
+    client_server: bool = False
+    client_server_port: Port = 10001
 
     @model_validator(mode="after")
     def _checks(self) -> RayCluster:
         problems = []
+        if self.client_server and self.client_server_port in (self.port, self.dashboard_port):
+            problems.append(
+                Problem(("client_server_port",), self.client_server_port,
+                        f"expected a port other than ray.port {self.port} and "
+                        f"ray.dashboard_port {self.dashboard_port}")
+            )  # fmt: skip
         if self.dashboard and self.dashboard_port == self.port:
             problems.append(
                 Problem(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from facts.ray import RayStatus
-from p40fleet.ray import parse_status
+from p40fleet.ray import TOKEN_FILE, parse_status, token_path
 from p40lab import runs
 from p40lab.state import host_ip
 
@@ -34,9 +34,13 @@ UNIT = "p40fleet-ray.service"
 ENV: dict[str, str] = {}
 
 
+#: The cluster's token as root hands it to a client (RAY_AUTH_MODE=token: Ray's token auth).
+WITH_TOKEN = f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN=$(sed -n 's/^RAY_AUTH_TOKEN=//p' {TOKEN_FILE}) "
+
+
 def active_nodes(lab) -> tuple[str, ...]:
     """The node ids ``ray status`` on the head lists as active (empty when it does not answer)."""
-    out = lab.ssh("lab1", f"timeout 60 {RAY} status --address {ADDRESS}", timeout=90)
+    out = lab.ssh("lab1", f"{WITH_TOKEN}timeout 60 {RAY} status --address {ADDRESS}", timeout=90)
     status = parse_status(out.stdout.splitlines())
     return status.active if status else ()
 
@@ -92,6 +96,57 @@ def test_three_hosts_form_one_cluster(cluster):
     assert "--head" in (lab.root("lab1") / f"etc/systemd/system/{UNIT}").read_text()
     worker = (lab.root("lab2") / f"etc/systemd/system/{UNIT}").read_text()
     assert f"--address={ADDRESS}" in worker and "User=verl" in worker
+
+
+def test_a_client_without_the_clusters_token_is_refused(cluster, monkeypatch):
+    """S2: every member runs Ray's token authentication with the controller's token, kept
+    root:root 0600 on each member; a client without it (or with another) is refused by the
+    head's GCS, the same client with it connects; no Ray Client server listens (not asked)."""
+    lab, first = cluster["lab"], cluster["first"]
+    monkeypatch.setenv("P40FLEET_CACHE", ENV["P40FLEET_CACHE"])  # the runs' controller cache
+    token = token_path(f"lab1@{ADDRESS}").read_text().strip()
+    assert len(token) == 64
+    assert token not in first.output  # never in the run's output (op names, logs)
+    for name in HOSTS:
+        read_as_verl = f"runuser -u verl -- cat {TOKEN_FILE} >/dev/null 2>&1; echo rc=$?"
+        st = lab.ssh(name, f"stat -c '%U:%G %a' {TOKEN_FILE} /etc/p40fleet; {read_as_verl}")
+        assert st.stdout.split() == ["root:root", "600", "root:root", "700", "rc=1"], st.stdout
+        assert (lab.root(name) / TOKEN_FILE.lstrip("/")).read_text() == f"RAY_AUTH_TOKEN={token}\n"
+    status = f"timeout 60 {RAY} status --address {ADDRESS}; echo rc=$?"
+    clients = {
+        "none": lab.ssh("lab2", f"runuser -u verl -- sh -c '{status}'", timeout=90),
+        "wrong": lab.ssh(
+            "lab2", f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN={'0' * 64} {status}", timeout=90
+        ),  # fmt: skip
+        "token": lab.ssh("lab2", f"{WITH_TOKEN}{status}", timeout=90),
+    }
+    for kind, out in clients.items():
+        print(f"\nray status from lab2, {kind} token: {out.stdout.strip().splitlines()[-3:]}")
+    for kind in ("none", "wrong"):
+        text = clients[kind].stdout + clients[kind].stderr
+        assert "rc=0" not in text and parse_status(text.splitlines()) is None, (kind, text)
+        assert "auth" in text.lower(), (kind, text[-2000:])  # refused for its token, not reach
+    good = clients["token"].stdout
+    assert good.strip().endswith("rc=0"), good[-2000:]
+    answer = parse_status(good.splitlines())
+    assert answer is not None and len(answer.active) == 3
+    # a driver as README's runbook starts one: root hands the token to the training user's
+    # process (never on a command line); ray.init joins the cluster
+    driver = (f"import ray\nray.init(address={ADDRESS!r})\n"
+              "print('alive', sum(n['Alive'] for n in ray.nodes()))\n")  # fmt: skip
+    as_runbook = (f". {TOKEN_FILE}; export RAY_AUTH_TOKEN RAY_AUTH_MODE=token; "
+                  "exec runuser -l verl -w RAY_AUTH_MODE,RAY_AUTH_TOKEN -c "
+                  f"'timeout 120 {RAY[:-3]}python - 2>&1'")  # fmt: skip
+    joined = lab.ssh("lab1", as_runbook, input=driver, timeout=180)
+    assert "alive 3" in joined.stdout, joined.stdout[-3000:]
+    # the Ray Client server (10001) is not bound anywhere on the head; the GCS (6379) is
+    probe = "timeout 5 bash -c 'echo > /dev/tcp/{}/{}' 2>/dev/null; echo rc=$?"
+    gcs_ip = ADDRESS.split(":")[0]
+    closed = lab.ssh("lab2", probe.format(gcs_ip, 10001)).stdout.strip()
+    opened = lab.ssh("lab2", probe.format(gcs_ip, 6379)).stdout.strip()
+    assert (closed, opened) == ("rc=1", "rc=0"), (closed, opened)
+    unit = (lab.root("lab1") / f"etc/systemd/system/{UNIT}").read_text()
+    assert "Environment=RAY_AUTH_MODE=token" in unit and f"EnvironmentFile={TOKEN_FILE}" in unit
 
 
 def test_verify_sees_the_cluster_and_skips_gpus_on_simulated_hosts(cluster, tmp_path):
