@@ -267,15 +267,8 @@ def env_fresh(
 
 
 def env_lock(lock: str, python_version: str, channel: str | None) -> tuple[str, list[str]]:
-    """The lock ``conda create --file`` gets (``lock``'s packages on ``channel``, None: the
-    lock's own URLs) and what stops it (no sums, no python at the pin, not a lock)."""
-    try:
-        with open(lock) as handle:
-            text = handle.read()
-    except OSError as exc:  # e.g. stack.verl.requirements names a variant without a conda lock
-        return "", [f"cannot read it ({exc.strerror})"]
-    found = condalock.problems(text, python_version)
-    return ("" if found else condalock.render(text, channel)), found
+    """The lock ``conda create --file`` gets and what stops it (``condalock.load``)."""
+    return condalock.load(lock, python_version, channel)
 
 
 @operation()

@@ -18,7 +18,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-__all__ = ["EXPLICIT", "LockedPackage", "digest", "parse", "problems", "render"]
+__all__ = ["EXPLICIT", "LockedPackage", "digest", "load", "parse", "problems", "render"]
 
 EXPLICIT = "@EXPLICIT"
 
@@ -142,3 +142,16 @@ def render(text: str, channel: str | None = None) -> str:
 def digest(text: str) -> str:
     """The sha256 of a rendered lock: what the env records it was made from."""
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(path: str, python_version: str, channel: str | None = None) -> tuple[str, list[str]]:
+    """The lock ``conda create --file`` gets from the file at ``path`` (its packages on
+    ``channel``; None: the lock's own URLs) and what stops it (:func:`problems`; ``""`` then).
+    One function for the preflight and the conda step, so both decide (and digest) alike."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except OSError as exc:  # e.g. stack.verl.requirements names a variant without a conda lock
+        return "", [f"cannot read it ({exc.strerror})"]
+    found = problems(text, python_version)
+    return ("" if found else render(text, channel)), found

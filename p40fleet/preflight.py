@@ -141,15 +141,8 @@ def conda_lock(spec: StackSpec, lock: Path | None = None) -> tuple[str, list[str
     """The lock ``conda create --file`` gets for ``spec`` (the variant's file, its URLs on the
     mirror's conda channel when set) and what stops it (``condalock.problems``)."""
     lock = lock or conda_lock_path(spec)
-    try:
-        text = lock.read_text()
-    except OSError as exc:
-        return "", [f"cannot read it ({exc.strerror})"]
-    found = condalock.problems(text, spec.python_version)
-    if found:
-        return "", found
     channel = spec.mirror.conda_channel if spec.mirror is not None else None
-    return condalock.render(text, channel), []
+    return condalock.load(str(lock), spec.python_version, channel)
 
 
 def conda_lock_sum(spec: StackSpec) -> str | None:
