@@ -281,7 +281,9 @@ def test_air_gapped_hosts_use_the_mirror_only_and_restore_its_apt_source(fleet):
         record = json.loads(lab.ssh(name, f"cat {env}/conda-meta/python-*.json",
                                     check=True).stdout)  # fmt: skip
         assert record["url"].startswith(f"{base}/conda/linux-64/python-"), record
-        assert f"{record['url']}#sha256:{record['sha256']}" in LAB_CONDA_LOCK.read_text()
+        # the lock names the default instance's channel; the deploy moved it onto this mirror
+        tail = record["url"].removeprefix(f"{base}/conda")
+        assert f"/conda{tail}#sha256:{record['sha256']}\n" in LAB_CONDA_LOCK.read_text()
         marker = lab.ssh(name, f"cat {env}/.p40fleet-conda-lock", check=True).stdout.strip()
         channel = lab.state["stack"]["mirror"]["conda_channel"]
         rendered = condalock.render(LAB_CONDA_LOCK.read_text(), channel)
