@@ -89,9 +89,11 @@ if spec is not None and refused is None:
     cache = f"{user.home}/.cache/p40fleet"
     mirror_channel = spec.mirror.conda_channel if spec.mirror is not None else None
     # The env (re)created in this run: what the facts saw installed in it no longer holds.
+    conda_lock_sum = preflight.conda_lock_sum(spec)  # None: refused by the preflight
     fresh = conda.env_fresh(
-        env.conda_prefix, env.name, spec.python_version, user.name, force="env" in force
-    )
+        env.conda_prefix, env.name, spec.python_version, user.name, force="env" in force,
+        lock_sum=conda_lock_sum,
+    )  # fmt: skip
     variant = spec.requirements_variant
     requirements = requirements_file(spec)
     build = spec.apex_build(gpus)
@@ -149,12 +151,17 @@ if spec is not None and refused is None:
         **as_user,
     )
 
-    # 3. The env: kept while its python runs at the pin, else removed and created again.
+    # 3. The env, from the explicit conda lock (each file's sha256 checked by conda): kept while
+    # its python runs at the pin and it records this lock, else removed and created again.
     conda.env(
         name=f"Conda env {env.name} (python {spec.python_version})",
         prefix=env.conda_prefix,
         env_name=env.name,
         python_version=spec.python_version,
+        lock=str(preflight.conda_lock_path(spec)),  # the file the preflight checked
+        # root-owned, outside the home (as the torch lock): the user's conda only reads it
+        lock_dest=f"{spec.paths.artifact_cache}/conda-env-{variant}.txt",
+        lock_channel=mirror_channel,
         channels=conda.channel_args(spec.policy.conda_tos, mirror_channel),
         force="env" in force,
         proxy=spec.proxy,

@@ -22,7 +22,7 @@ from facts.gpu import PciGpus
 from facts.survey import ask
 from operations import apex, conda
 from operations.survey import survey_host
-from p40fleet import apex_build
+from p40fleet import apex_build, preflight
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 __all__ = ["builder", "needs_apex"]
@@ -76,8 +76,9 @@ def needs_apex(target: Host, spec: StackSpec, key: str) -> bool:
     """Whether ``target`` must install apex at ``key`` in this run, from its own facts."""
     env, force = spec.env, spec.policy.force_reinstall
     fresh = conda.env_fresh(
-        env.conda_prefix, env.name, spec.python_version, spec.user.name, "env" in force, target
-    )
+        env.conda_prefix, env.name, spec.python_version, spec.user.name, "env" in force, target,
+        lock_sum=preflight.conda_lock_sum(spec),
+    )  # fmt: skip
     return apex.needed(
         env_python(env.conda_prefix, env.name),
         env_dir(env.conda_prefix, env.name),

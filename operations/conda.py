@@ -10,15 +10,23 @@ ToS of ``pkgs/main`` and ``pkgs/r`` is accepted; the pinned py310_24.11.1-0 has 
 ``--override-channels -c conda-forge``, no ToS, no licence limit) or ``accept`` (the default
 channels; accepted only where the installed conda has the plugin: the ``CondaTos`` fact).
 
-A mirror channel (``stack.mirror.conda_channel``) replaces both: ``conda create
---override-channels -c URL``, and ``condarc`` writes ``PREFIX/.condarc`` naming only that channel
-(so a later hand-run ``conda install`` does not reach for the internet either); no ToS applies.
+The env comes from an explicit lock (``files/conda-env-<variant>.txt``, p40fleet/condalock.py):
+``conda create -n NAME --file LOCK`` installs exactly its files and checks each one's sha256.
+
+A mirror channel (``stack.mirror.conda_channel``) replaces both: the lock's URLs move onto it,
+``conda create --override-channels -c URL``, and ``condarc`` writes ``PREFIX/.condarc`` naming
+only that channel (so a later hand-run ``conda install`` does not reach for the internet
+either); no ToS applies.
 """
 
 from __future__ import annotations
 
+import posixpath
+from io import StringIO
+
 from pyinfra import host
-from pyinfra.api import Host, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
+from pyinfra.operations import files
 
 from facts.conda import (
     ENV_OK,
@@ -32,11 +40,14 @@ from facts.conda import (
     env_dir,
 )
 from facts.survey import ask
+from operations.refuse import refusal_message
 from operations.training_user import as_user
+from p40fleet import condalock
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy
 
 __all__ = [
+    "LOCK_MARKER",
     "TOS_CHANNELS",
     "TOS_MARKER",
     "channel_args",
@@ -45,6 +56,7 @@ __all__ = [
     "condarc_text",
     "env",
     "env_fresh",
+    "env_lock",
     "env_rebuild_reason",
     "miniconda",
 ]
@@ -56,6 +68,8 @@ TOS_CHANNELS: tuple[str, ...] = (
 )
 #: Written in the prefix after ``conda tos accept`` succeeded: one channel URL per line.
 TOS_MARKER = ".p40fleet-conda-tos"
+#: Written in the env after ``conda create --file LOCK``: the rendered lock's sha256.
+LOCK_MARKER = ".p40fleet-conda-lock"
 
 
 def _conda(prefix: str) -> str:
@@ -197,23 +211,42 @@ def conda_tos(
 
 
 def env_rebuild_reason(
-    prefix: str, name: str, python_version: str, user: str | None, target: Host | None = None
+    prefix: str,
+    name: str,
+    python_version: str,
+    user: str | None,
+    target: Host | None = None,
+    lock_sum: str | None = None,
 ) -> str | None:
-    """Why the env must be (re)created, from the ``EnvPython`` fact; ``None`` when healthy.
+    """Why the env must be (re)created, from the ``EnvPython`` fact and the lock the env records
+    it was made from (``LOCK_MARKER``); ``None`` when healthy and made from ``lock_sum``.
 
     Later steps (torch, apex, verl) call this too (:func:`env_fresh`): an env recreated in this
     run is empty, so their "already installed" facts gathered before it no longer hold.
     ``target``: another inventory host (the Apex builder election); default this host.
+    ``lock_sum``: :func:`p40fleet.condalock.digest` of the rendered lock (None: not compared).
     """
-    state = ask(
-        host if target is None else target, EnvPython, prefix=prefix, env_name=name, user=user
-    )
+    where = host if target is None else target
+    state = ask(where, EnvPython, prefix=prefix, env_name=name, user=user)
     if state.state == "missing":
         return f"env {name} does not exist"
     if state.state != ENV_OK:
         return f"env {name} is broken: its python does not run ({state.detail})"
     if state.version != python_version:
         return f"env {name} has python {state.version}, the spec pins {python_version}"
+    if lock_sum is not None:
+        marker = f"{env_dir(prefix, name)}/{LOCK_MARKER}"
+        recorded = ask(where, MarkerText, path=marker, user=user)
+        if not recorded:
+            return (
+                f"env {name} records no conda lock (made by version only, before the lock, or "
+                "by hand): its packages were never checked against a sum"
+            )
+        if recorded != lock_sum:
+            return (
+                f"env {name} was made from another conda lock (sha256 {recorded[:12]}…, the "
+                f"lock is now {lock_sum[:12]}…)"
+            )
     return None
 
 
@@ -224,11 +257,18 @@ def env_fresh(
     user: str | None,
     force: bool = False,
     target: Host | None = None,
+    lock_sum: str | None = None,
 ) -> bool:
     """The env is (re)created by this run (:func:`env` with these arguments): the installed-
-    package facts gathered before it no longer hold. ``target``: as :func:`env_rebuild_reason`."""
-    reason = env_rebuild_reason(prefix, name, python_version, user, target)
+    package facts gathered before it no longer hold. ``target``, ``lock_sum``: as
+    :func:`env_rebuild_reason`."""
+    reason = env_rebuild_reason(prefix, name, python_version, user, target, lock_sum)
     return reason is not None or force
+
+
+def env_lock(lock: str, python_version: str, channel: str | None) -> tuple[str, list[str]]:
+    """The lock ``conda create --file`` gets and what stops it (``condalock.load``)."""
+    return condalock.load(lock, python_version, channel)
 
 
 @operation()
@@ -236,29 +276,58 @@ def env(
     prefix: str,
     env_name: str,
     python_version: str,
+    lock: str | None = None,
+    lock_dest: str | None = None,
+    lock_channel: str | None = None,
     channels: list[str] | None = None,
     force: bool = False,
     user: str | None = None,
     proxy: Proxy | None = None,
 ):
     """
-    Create conda env ``name`` with ``python=python_version``; keep it while healthy.
+    Create conda env ``name`` from an explicit lock; keep it while healthy and made from it.
 
     + prefix: Miniconda prefix
     + env_name: env name
-    + python_version: exact X.Y.Z the env's python must report
+    + python_version: exact X.Y.Z the env's python must report (the lock's python)
+    + lock: local explicit lock (``files/conda-env-<variant>.txt``: URL#sha256 per package)
+    + lock_dest: where the rendered lock is uploaded (root-owned, outside the user's home)
+    + lock_channel: the channel the lock's URLs are moved onto (the mirror's); None: its own
     + channels: extra create arguments, e.g. ``["--override-channels", "-c", "conda-forge"]``
     + force: remove and recreate even a healthy env
     + user: run the commands as this user (``su``); None = as connected
     + proxy: ``stack.proxy`` for the fetch (None: no proxy)
 
-    A missing or non-running python, or the wrong version, means remove + create (the reason is
-    logged); a healthy env at the pinned version is kept.
+    ``conda create --file LOCK`` installs exactly the lock's files, each checked against its
+    sum (conda fails naming a file that does not match). A missing or non-running python, the
+    wrong version, or an env not recorded as made from this lock (``LOCK_MARKER``) means
+    remove + create (the reason is logged); a healthy env made from the lock is kept.
     """
     name = env_name
-    reason = env_rebuild_reason(prefix, name, python_version, user)
+    if lock is None or lock_dest is None:
+        raise ValueError("conda.env: lock and lock_dest are required (every file is hashed)")
+    text, problems = env_lock(lock, python_version, lock_channel)
+    if problems:
+        message = refusal_message(
+            host.name,
+            "conda env",
+            f"{lock}: " + "; ".join(problems),
+            "regenerate the lock on a trusted machine that reaches the channel: conda create -n "
+            f"lock python={python_version} -y && conda list -n lock --explicit --sha256 > "
+            f"{posixpath.basename(lock)} (--md5 for a conda older than 24.9; see its header)",
+        )
+
+        def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
+            for line in message.splitlines():
+                host.log_styled(line, fg="red")
+            return False
+
+        yield FunctionCommand(_refuse, (), {})
+        return
+    digest = condalock.digest(text)
+    reason = env_rebuild_reason(prefix, name, python_version, user, lock_sum=digest)
     if reason is None and not force:
-        host.noop(f"env {name} is healthy (python {python_version})")
+        host.noop(f"env {name} is healthy (python {python_version}, from the conda lock)")
         return
     state = ask(host, EnvPython, prefix=prefix, env_name=name, user=user)
     conda = QuoteString(_conda(prefix))
@@ -267,14 +336,21 @@ def env(
         yield as_user(user, StringCommand(conda, "env remove -n", QuoteString(name), "-y"))
         # conda leaves files it did not install (pip caches, markers): start clean.
         yield as_user(user, StringCommand("rm -rf", QuoteString(env_dir(prefix, name))))
+    # Root writes the lock outside the home (the artifact cache); the user's conda reads it.
+    yield from files.put._inner(src=StringIO(text), dest=lock_dest, add_deploy_dir=False)
     yield proxied(as_user(
         user,
         StringCommand(
             conda,
             "create -n",
             QuoteString(name),
-            QuoteString(f"python={python_version}"),
+            "--file",
+            QuoteString(lock_dest),
             "-y",
             *(QuoteString(arg) for arg in channels or []),
         ),
     ), proxy)  # fmt: skip
+    marker = f"{env_dir(prefix, name)}/{LOCK_MARKER}"
+    yield as_user(
+        user, StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
+    )

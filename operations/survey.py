@@ -181,6 +181,7 @@ def python_parts(spec: StackSpec) -> list[Part]:
         part(MarkerText, path=f"{prefix.rstrip('/')}/.condarc", **as_user),
         part(MarkerText, path=f"{prefix.rstrip('/')}/{conda.TOS_MARKER}", **as_user),
         part(EnvPython, prefix=prefix, env_name=env.name, **as_user),
+        part(MarkerText, path=f"{the_env}/{conda.LOCK_MARKER}", **as_user),
         part(EnvDistributions, python=python, **as_user),
         part(MarkerText, path=f"{the_env}/{apex.KEY_FILE}", **as_user),
         part(Cpus),

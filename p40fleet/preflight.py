@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from p40fleet import hashlock, verl_patches
+from p40fleet import condalock, hashlock, verl_patches
 from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import ARTIFACTS, StackSpec
 
@@ -132,6 +132,42 @@ def verl_requirements_path(spec: StackSpec) -> Path:
     return FILES / f"verl-requirements-{spec.requirements_variant}.txt"
 
 
+def conda_lock_path(spec: StackSpec) -> Path:
+    """``files/conda-env-<variant>.txt``: the explicit lock the conda env is created from."""
+    return FILES / f"conda-env-{spec.requirements_variant}.txt"
+
+
+def conda_lock(spec: StackSpec, lock: Path | None = None) -> tuple[str, list[str]]:
+    """The lock ``conda create --file`` gets for ``spec`` (the variant's file, its URLs on the
+    mirror's conda channel when set) and what stops it (``condalock.problems``)."""
+    lock = lock or conda_lock_path(spec)
+    channel = spec.mirror.conda_channel if spec.mirror is not None else None
+    return condalock.load(str(lock), spec.python_version, channel)
+
+
+def conda_lock_sum(spec: StackSpec) -> str | None:
+    """sha256 of the rendered lock (what a healthy env records), None when it is refused."""
+    text, found = conda_lock(spec)
+    return None if found else condalock.digest(text)
+
+
+def conda_refusal(spec: StackSpec, lock: Path | None = None) -> Refusal | None:
+    """The env could not be created from a checked lock: no lock for the variant, a line
+    without a sum, no python at the pin."""
+    lock = lock or conda_lock_path(spec)
+    _, found = conda_lock(spec, lock)
+    if not found:
+        return None
+    return Refusal(
+        step="conda lock",
+        reason=f"{lock.name}: " + "; ".join(found),
+        remedy=f"make the lock on a trusted machine that reaches the channel: conda create -n "
+        f"lock python={spec.python_version} -y, then conda list -n lock --explicit --sha256 > "
+        f"files/{lock.name} (--md5 for a conda older than 24.9; see files/conda-env-v0.5.0.txt's "
+        "header)",
+    )
+
+
 def torch_lock(spec: StackSpec, lock: Path | None = None) -> tuple[str, list[str]]:
     """The lock text the torch step uploads for ``spec`` and what stops it (``hashlock.render``
     of the variant's file: its selection for the spec's pins, the spec's sums added)."""
@@ -175,6 +211,11 @@ def requirements_refusal(spec: StackSpec, path: Path | None = None) -> Refusal |
 
 def python_layer_refusals(spec: StackSpec, summary: HostGpuSummary) -> list[Refusal]:
     """Every reason deploy/python.py would stop this host, decided from the spec and the GPUs:
-    the verl ref, the torch lock, the verl requirements lock."""
-    found = [verl_refusal(spec.verl.ref, summary), torch_refusal(spec), requirements_refusal(spec)]
+    the verl ref, the conda lock, the torch lock, the verl requirements lock."""
+    found = [
+        verl_refusal(spec.verl.ref, summary),
+        conda_refusal(spec),
+        torch_refusal(spec),
+        requirements_refusal(spec),
+    ]
     return [r for r in found if r is not None]

@@ -18,10 +18,10 @@ from pyinfra.facts.files import Directory, File
 from facts.conda import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from facts.gpu import PciGpu, PciGpus
 from operations import apex, apex_fleet, conda
-from p40fleet import apex_build
+from p40fleet import apex_build, preflight
 from p40fleet.gpu_catalog import lookup
 from p40fleet.privdrop import STAGE_DIR
-from p40fleet.spec import load_spec
+from p40fleet.spec import SpecError, load_spec
 from tests.opharness import run_op
 
 SPEC = load_spec("lab1", {})
@@ -148,9 +148,16 @@ class FakeHost:
             EnvDistributions: {"apex": Dist("0.1")} if recorded else {},
         }
         self.asked: Counter = Counter()
+        # the env records the conda lock it was made from (the spec's): made from it
+        try:
+            self.lock_sum = preflight.conda_lock_sum(load_spec(name, stack or {}))
+        except SpecError:
+            self.lock_sum = None  # refused by the preflight: never asked
 
     def get_fact(self, cls, *args, **kwargs):
         self.asked[cls] += 1
+        if cls is MarkerText and kwargs.get("path", "").endswith(conda.LOCK_MARKER):
+            return self.lock_sum
         return self.answers[cls]
 
 
@@ -188,7 +195,8 @@ def test_the_lab_fleet_one_builder_per_key_the_rest_get_the_wheel(cache):
     assert apex_fleet.builder(state, P100_KEY) == "lab3"
     assert not lab0.asked
     assert lab2.asked == Counter({PciGpus: 1})  # its key only: lab1 builds it already
-    assert lab3.asked[MarkerText] == 1 and not lab4.asked  # after the last builder
+    # its apex key and the env's conda lock record; none of lab4 (after the last builder)
+    assert lab3.asked[MarkerText] == 2 and not lab4.asked
     # lab4's H200 is refused (no Python layer): nobody builds its key, lab4 least of all
     assert apex_fleet.builder(state, apex_build.for_spec(SPEC, [gpu(H200)]).key) is None
     assert lab4.asked == Counter({PciGpus: 1})

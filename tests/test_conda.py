@@ -4,8 +4,14 @@ operations/conda.py (facts in, commands out, tests/opharness.py)."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from pyinfra.facts.files import Directory, File
 
 from facts.conda import (
     CondaInstall,
@@ -20,7 +26,8 @@ from facts.conda import (
     normalize_name,
 )
 from operations import conda
-from tests.opharness import run_op
+from p40fleet import condalock
+from tests.opharness import at, run_op
 from tests.pylayer import ME, PREFIX
 from tests.pylayer import sh as _sh
 
@@ -181,51 +188,129 @@ def test_tos_conda_forge_policy_needs_nothing():
     assert not default.changed
 
 
-def _env(state, **kw):
+REPO = Path(__file__).resolve().parent.parent
+LOCK = str(REPO / "files" / "conda-env-v0.5.0.txt")
+LOCK_DEST = "/var/cache/p40fleet/conda-env-v0.5.0.txt"
+MARKER = f"{PREFIX}/envs/verl-p40/{conda.LOCK_MARKER}"
+PYTHON_LINE = (
+    "linux-64/python-3.10.12-hd12c33a_0_cpython.conda"
+    "#sha256:05e2a7ce916d259f11979634f770f31027d0a5d18463b094e64a30500f900699"
+)
+
+
+def _lock_sum(channel=None):
+    text, problems = conda.env_lock(LOCK, "3.10.12", channel)
+    assert problems == []
+    return condalock.digest(text)
+
+
+def _env(state, marker=None, lock=LOCK, **kw):
     return run_op(
         conda.env,
         prefix=PREFIX,
         env_name="verl-p40",
         python_version="3.10.12",
-        facts={EnvPython: state},
+        lock=lock,
+        lock_dest=LOCK_DEST,
+        facts={
+            EnvPython: state,
+            MarkerText: lambda path, user: marker if path == MARKER else None,
+            # files.put's own facts: the root-owned cache is there, the lock is not yet
+            at(Directory, path="/var/cache/p40fleet"): {"mode": 755},
+            at(File, path=LOCK_DEST): None,
+        },
+        default_facts=True,
         **kw,
     )
 
 
-def test_healthy_env_kept():
-    result = _env(EnvPythonState("ok", "3.10.12"))
-    assert not result.changed and "healthy" in result.noops[0]
+CREATE = f"{PREFIX}/bin/conda create -n verl-p40 --file {LOCK_DEST} -y"
 
 
-def test_env_missing_created_with_channels():
+def _record(digest):
+    return f"printf '%s\\n' {digest} > {MARKER}"
+
+
+def test_healthy_env_made_from_the_lock_kept():
+    result = _env(EnvPythonState("ok", "3.10.12"), marker=_lock_sum())
+    assert not result.changed and "healthy" in result.noops[0] and "lock" in result.noops[0]
+
+
+def test_env_missing_created_from_the_lock_with_channels():
     result = _env(EnvPythonState("missing"), channels=conda.channel_args("conda-forge"))
     assert result.commands == [
-        f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y "
-        "--override-channels -c conda-forge"
+        f"upload {LOCK_DEST}",
+        f"{CREATE} --override-channels -c conda-forge",
+        _record(_lock_sum()),
     ]
+    uploaded = result.uploads[LOCK_DEST]
+    assert "@EXPLICIT\n" in uploaded and "python=" not in result.commands[1]
+    assert f"https://conda.anaconda.org/conda-forge/{PYTHON_LINE}\n" in uploaded
+    # every package line carries a sha256 (24 files: python, pip and their closure)
+    packages = condalock.parse(uploaded)
+    assert len(packages) == 24 and all(p.sha256 for p in packages)
+
+
+def test_mirror_channel_serves_the_same_files_with_the_same_sums():
+    mirror = "https://mirror.example/conda"
+    result = _env(EnvPythonState("missing"), lock_channel=mirror)
+    uploaded = result.uploads[LOCK_DEST]
+    assert f"{mirror}/{PYTHON_LINE}\n" in uploaded
+    assert all(p.channel == mirror for p in condalock.parse(uploaded))
+    assert result.commands[-1] == _record(_lock_sum(mirror))
+
+
+def test_env_not_made_from_the_lock_is_recreated_saying_why():
+    # made by version only (before the lock) or from another lock: removed and made again
+    for marker, why in ((None, "records no conda lock"), ("ab" * 32, "another conda lock")):
+        result = _env(EnvPythonState("ok", "3.10.12"), marker=marker)
+        assert result.commands[0] == f"{PREFIX}/bin/conda env remove -n verl-p40 -y"
+        assert result.commands[-2] == CREATE and why in result.logs[0]
+
+
+def test_lock_without_sums_or_other_python_refused(tmp_path):
+    text = open(LOCK).read()
+    unsummed = tmp_path / "nosum.txt"
+    unsummed.write_text(re.sub(r"(_cpython\.conda)#sha256:[0-9a-f]{64}", r"\1", text))
+    result = _env(EnvPythonState("missing"), lock=str(unsummed))
+    assert result.commands == ["function _refuse"]
+    assert "python-3.10.12-hd12c33a_0_cpython.conda has no sum" in result.failures[0]
+    assert "conda list -n lock --explicit --sha256" in result.failures[0]
+    result = run_op(conda.env, prefix=PREFIX, env_name="verl-p40", python_version="3.11.2",
+                    lock=LOCK, lock_dest=LOCK_DEST, facts={})  # fmt: skip
+    assert "the lock has python 3.10.12, the spec pins python 3.11.2" in result.failures[0]
+    missing = run_op(conda.env, prefix=PREFIX, env_name="verl-p40", python_version="3.10.12",
+                     lock=str(tmp_path / "none.txt"), lock_dest=LOCK_DEST, facts={})  # fmt: skip
+    assert "cannot read it" in missing.failures[0]
 
 
 def test_deleted_env_python_removes_and_recreates_saying_why():
     result = _env(EnvPythonState("broken", detail="No such file or directory"))
     assert result.commands[0] == f"{PREFIX}/bin/conda env remove -n verl-p40 -y"
-    assert result.commands[-1] == f"{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y"
+    assert result.commands[-2] == CREATE
     assert "broken" in result.logs[0]
 
 
 def test_wrong_python_version_recreates():
-    result = _env(EnvPythonState("ok", "3.11.2"))
+    result = _env(EnvPythonState("ok", "3.11.2"), marker=_lock_sum())
     assert "env remove" in result.commands[0] and "3.11.2" in result.logs[0]
 
 
+def test_env_fresh_follows_the_lock():
+    def fresh(marker):
+        answers = {EnvPython: EnvPythonState("ok", "3.10.12"), MarkerText: marker}
+        host = SimpleNamespace(get_fact=lambda cls, **_: answers[cls])
+        return conda.env_fresh(PREFIX, "verl-p40", "3.10.12", "verl", target=host,
+                               lock_sum=_lock_sum())  # fmt: skip
+
+    assert not fresh(_lock_sum())
+    assert fresh("ab" * 32) and fresh(None)  # another lock, or made by version only
+
+
 def test_commands_run_as_training_user_through_su():
-    result = run_op(
-        conda.env,
-        prefix=PREFIX,
-        env_name="verl-p40",
-        python_version="3.10.12",
-        user="verl",
-        facts={EnvPython: EnvPythonState("missing")},
-    )
+    result = _env(EnvPythonState("missing"), user="verl")
     assert result.commands == [
-        f"su -s /bin/sh verl -c '{PREFIX}/bin/conda create -n verl-p40 python=3.10.12 -y'"
+        f"upload {LOCK_DEST}",
+        f"su -s /bin/sh verl -c '{CREATE}'",
+        f"su -s /bin/sh verl -c {shlex.quote(_record(_lock_sum()))}",
     ]

@@ -540,6 +540,55 @@ def test_conda_condarc_channels_replace_the_defaults(minicondas, channel, tmp_pa
         (prefix / ".condarc").unlink()
 
 
+def test_conda_explicit_lock_checks_every_file_as_conda_does(minicondas, tmp_path):
+    """N7: `create --file` of an explicit lock fetches each URL and checks its sum: a changed
+    file or a wrong sum fails naming the URL, a missing file fails naming it, no env is made."""
+    from p40lab.sim_stack import build_conda_channel, conda_lock_text
+
+    prefixes, host_py = minicondas
+    prefix = prefixes["24.11.1"]
+    root = tmp_path / "channel"
+    build_conda_channel(root, host_py)
+    channel = f"file://{root}"
+    good = conda_lock_text(host_py, channel)
+    lock = tmp_path / "lock.txt"
+
+    def create(text, env):
+        lock.write_text(text)
+        return conda(prefix, "create", "-n", env, "--file", str(lock), "-y")
+
+    r = create(good, "locked")
+    assert r.returncode == 0, r.stderr
+    assert (prefix / "envs/locked/bin/python").exists()
+    history = (prefix / "envs/locked/conda-meta/history").read_text()
+    assert f"+python-{host_py}-h0_0_cpython\n" in history and "+tzdata-2024a-p40lab_0\n" in history
+    python_url = f"{channel}/linux-64/python-{host_py}-h0_0_cpython.tar.bz2"
+    # a wrong sum in the lock: conda's ChecksumMismatchError, naming the file's URL
+    digest = good.split(python_url + "#sha256:")[1][:64]
+    r = create(good.replace(digest, "0" * 64), "bad")
+    assert r.returncode == 1 and "ChecksumMismatchError: Conda detected a mismatch" in r.stderr
+    assert f"for url '{python_url}'" in r.stderr and f"expected sha256: {'0' * 64}" in r.stderr
+    assert f"actual sha256: {digest}" in r.stderr and not (prefix / "envs/bad").exists()
+    # md5 anchors are checked too (conda list --explicit --md5)
+    data = (root / "linux-64" / python_url.rsplit("/", 1)[1]).read_bytes()
+    r = create(good.replace(f"#sha256:{digest}", f"#{'1' * 32}"), "bad")
+    assert r.returncode == 1 and "expected md5: " + "1" * 32 in r.stderr
+    assert f"actual md5: {hashlib.md5(data).hexdigest()}" in r.stderr
+    # the channel's file changed under the lock (a mirror cannot swap what is installed)
+    tz = root / "noarch" / "tzdata-2024a-p40lab_0.tar.bz2"
+    tz.write_bytes(tz.read_bytes() + b"x")
+    r = create(good, "bad")
+    assert r.returncode == 1 and f"for url '{channel}/noarch/tzdata-2024a-p40lab_0" in r.stderr
+    # a file the channel does not have: CondaHTTPError naming it
+    tz.unlink()
+    r = create(good, "bad")
+    assert r.returncode == 1 and f"{CONNECTION_FAILED}{channel}/noarch/tzdata-2024a" in r.stderr
+    assert not (prefix / "envs/bad").exists()
+    # a line conda cannot parse
+    r = create(good.replace("#sha256:", "#sha1:"), "bad")
+    assert r.returncode == 1 and "Could not parse explicit URL" in r.stderr
+
+
 def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas, channel):
     prefixes, host_py = minicondas
     prefix = prefixes["25.5.1"]

@@ -154,7 +154,10 @@ def _scenarios(tmp: Path) -> dict[str, list[tuple[dict, dict]]]:
         "conda.conda_tos": [({"prefix": ENV.conda_prefix, "policy": "accept", "user": USER},
                              {})],
         "conda.env": [({"prefix": ENV.conda_prefix, "env_name": ENV.name,
-                        "python_version": "3.10.12", "user": USER}, {})],
+                        "python_version": "3.10.12", "user": USER,
+                        "lock": str(REPO / "files" / "conda-env-v0.5.0.txt"),
+                        "lock_dest": f"{SPEC.paths.artifact_cache}/conda-env-v0.5.0.txt"},
+                       {})],
         "launch.launch_script": [({"plan": _lab_plan(None), "user": USER, "home": HOME},
                                   {Users: users, **f, at(Directory, path=HOME): {"mode": 750}})
                                  for f in (missing, planted)],

@@ -4,6 +4,9 @@ instead of a lab run. No lab needed."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
 
 from p40fleet.spec import StackSpec
@@ -11,6 +14,7 @@ from p40lab import apex_remote, verl_remote, wheelhouse
 from p40lab.artifacts import pins
 
 SPEC = StackSpec()
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _conda_of(miniconda_version: str) -> str:
@@ -79,3 +83,30 @@ def test_the_lab_pins_derive_their_file_names() -> None:
     assert pins.CUDA_VERSION in pins.CUDA_FILENAME and pins.CUDA_DRIVER in pins.CUDA_FILENAME
     assert pins.CUDNN_FILENAME.startswith(f"cudnn-linux-x86_64-{pins.CUDNN_VERSION}_")
     assert _conda_of(pins.MINICONDA_TOS_VERSION) == pins.CONDA_TOS_VERSION
+
+
+def test_lab_conda_lock_is_the_lab_channels_files():
+    """files/conda-env-lab.txt names exactly the files the lab's conda channel serves, with
+    their sha256 (what the double checks), for the lab's python (Debian bookworm's 3.11.2)."""
+    from p40fleet import condalock
+    from p40lab import sim_stack
+
+    lock = (REPO / "files" / "conda-env-lab.txt").read_text()
+    assert lock == sim_stack.conda_lock_text("3.11.2")
+    assert condalock.problems(lock, "3.11.2") == []
+    served = {f"{subdir}/{name}": hashlib.sha256(data).hexdigest()
+              for subdir, name, data, _ in sim_stack.conda_packages("3.11.2")}  # fmt: skip
+    locked = {f"{p.subdir}/{p.filename}": p.sha256 for p in condalock.parse(lock)}
+    assert locked == served
+    assert {p.channel for p in condalock.parse(lock)} == {sim_stack.LAB_LOCK_CHANNEL}
+
+
+def test_default_conda_lock_is_complete():
+    """files/conda-env-v0.5.0.txt: python at the spec's pin, every line with a sha256."""
+    from p40fleet import condalock
+
+    lock = (REPO / "files" / "conda-env-v0.5.0.txt").read_text()
+    assert condalock.problems(lock, SPEC.python_version) == []
+    packages = condalock.parse(lock)
+    assert all(p.sha256 and not p.md5 for p in packages)
+    assert {p.name for p in packages} >= {"python", "pip", "openssl", "libffi", "libsqlite"}

@@ -1,5 +1,7 @@
 """Preflight decisions: which facts refuse a host, and what the message says."""
 
+import re
+
 from p40fleet import hashlock, preflight
 from p40fleet.profile import summarize_host
 from p40fleet.spec import load_spec
@@ -141,6 +143,23 @@ def test_lab_lock_without_the_pinned_package_is_refused():
     )
 
 
+def test_conda_lock_refusals_name_the_missing_sums_and_the_fix(tmp_path):
+    """N7: a lock line without a sum, or no python at the pin, refuses the host before any
+    change, naming the file and how to make it (conda list --explicit --sha256)."""
+    spec = load_spec("h1", {})
+    assert preflight.conda_refusal(spec) is None  # the real default lock is complete
+    text = preflight.conda_lock_path(spec).read_text()
+    lock = tmp_path / "conda-env-x.txt"
+    lock.write_text(re.sub(r"(openssl-[^#]+)#sha256:[0-9a-f]{64}", r"\1", text))
+    refusal = preflight.conda_refusal(spec, lock)
+    assert refusal is not None and refusal.step == "conda lock"
+    assert "openssl-3.1.2-hd590300_0.conda has no sum" in refusal.reason
+    assert "conda list -n lock --explicit --sha256 > files/conda-env-x.txt" in refusal.remedy
+    other = load_spec("h1", {"python_version": "3.10.13"})
+    refusal = preflight.conda_refusal(other)
+    assert "the lock has python 3.10.12, the spec pins python 3.10.13" in refusal.reason
+
+
 def test_torch_pin_the_lock_does_not_hold_is_refused():
     spec = load_spec("h1", {"torch": {"version": "2.12.0+cpu"}})
     refusal = preflight.torch_refusal(spec)
@@ -148,10 +167,11 @@ def test_torch_pin_the_lock_does_not_hold_is_refused():
     assert "the lock has torch==2.13.0+cpu, the spec pins torch==2.12.0+cpu" in refusal.reason
 
 
-def test_variant_without_locks_is_refused_for_both_locks():
+def test_variant_without_locks_is_refused_for_every_lock():
     spec = load_spec("h1", {"verl": {"requirements": "nope"}})
     steps = {r.step: r for r in preflight.python_layer_refusals(spec, P40)}
-    assert set(steps) == {"torch lock", "verl requirements"}, steps
+    assert set(steps) == {"conda lock", "torch lock", "verl requirements"}, steps
+    assert "conda-env-nope.txt: cannot read it" in steps["conda lock"].reason
     assert "cannot read it" in steps["torch lock"].reason
     assert "verl-requirements-nope.txt does not exist" in steps["verl requirements"].reason
     assert "stack.verl.requirements" in steps["verl requirements"].remedy

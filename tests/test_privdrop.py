@@ -134,7 +134,9 @@ def test_operations_ask_their_home_facts_with_the_training_user():
     ops = [
         (conda.miniconda, {"installer": "/var/cache/m.sh", "prefix": SPEC.env.conda_prefix}),
         (conda.conda_tos, {"prefix": SPEC.env.conda_prefix, "policy": "accept"}),
-        (conda.env, {"prefix": SPEC.env.conda_prefix, "env_name": "e", "python_version": "3"}),
+        (conda.env, {"prefix": SPEC.env.conda_prefix, "env_name": "e", "python_version": "3.10.12",
+                     "lock": str(REPO / "files" / "conda-env-v0.5.0.txt"),
+                     "lock_dest": "/c/conda-env.txt"}),
         (conda.condarc, {"prefix": SPEC.env.conda_prefix, "channel": "http://m/conda"}),
         (torch.torch, {"python": PY, "version": "2.13.0+cpu", "lock_dest": "/c/torch.txt",
                        "lock": str(REPO / "files" / "torch-requirements-lab.txt")}),

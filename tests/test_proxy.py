@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from pyinfra.api import StringCommand
@@ -34,6 +35,7 @@ PLAIN = {"http": "http://proxy.lab:3128", "https": "http://proxy.lab:3129"}
 SOURCE = f". {proxy.PROXY_FILE}"
 PY = "/home/verl/miniconda3/envs/verl-p40/bin/python"
 PREFIX = "/home/verl/miniconda3"
+CONDA_LOCK = str(Path(__file__).resolve().parent.parent / "files" / "conda-env-v0.5.0.txt")
 
 
 def spec_proxy(data: dict) -> Proxy:
@@ -224,6 +226,8 @@ def _fetch_steps(p: Proxy | None) -> dict[str, list[str]]:
             prefix=PREFIX,
             env_name="verl-p40",
             python_version="3.10.12",
+            lock=CONDA_LOCK,
+            lock_dest="/var/cache/p40fleet/conda-env-v0.5.0.txt",
             proxy=p,
             user="verl",
             default_facts=True,

@@ -284,7 +284,7 @@ def test_ray_status_fact_command(tmp_path):
     token.write_text(token_file_text("ab" * 32))
     fact = RayStatus()
     command = fact.command(user=ME, ray=str(cli), address="10.231.0.11:6379", temp_dir=str(temp))
-    assert f"< {TOKEN_FILE}" in command  # root's own file, for the user's stdin
+    assert f"p40fleet_tk={TOKEN_FILE}" in command  # root's own file, for the user's stdin
     command = command.replace(UNIT_PATH, str(unit)).replace(TOKEN_FILE, str(token))
     assert "ab" * 32 not in command  # the token is the file's, never the command line's
     out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)

@@ -732,10 +732,13 @@ def test_local_hosts_need_no_host_key():
 LAB_APT = {"url": "http://10.231.0.1:8111/apt", "suite": "./", "trusted": True}
 
 
+HTTP_CONDA = {"policy": {"allow_http_conda_channel": True}}
+
+
 def test_mirror_apt_and_conda_channel_accepted(tmp_path):
-    spec = load_spec("lab1", {"mirror": {"apt": LAB_APT, "conda_channel": "http://m/conda/"}})
+    spec = load_spec("lab1", {"mirror": {"apt": LAB_APT, "conda_channel": "https://m/conda/"}})
     assert spec.mirror.apt.trusted and spec.mirror.apt.components == ()
-    assert spec.mirror.conda_channel == "http://m/conda"
+    assert spec.mirror.conda_channel == "https://m/conda"
     key = tmp_path / "mirror.gpg"
     key.write_bytes(b"key")
     apt = {"url": "https://m/ubuntu", "suite": "focal", "components": ["main"],
@@ -770,6 +773,22 @@ def test_bad_mirror_apt_names_host_and_field(apt, field, words):
     assert line.startswith("host lab2: ") and words in line
 
 
+def test_http_conda_channel_refused_without_the_policy_opt_in():
+    """N7: conda fetches the env's packages from the channel: plain http only when asked."""
+    error = refused({"mirror": {"conda_channel": "http://192.0.2.1:8111/conda"}}, host="lab2")
+    assert [field for field, _, _ in error.problems] == ["stack.mirror.conda_channel"]
+    line = next(line for line in error.lines() if "stack.mirror.conda_channel =" in line)
+    assert line.startswith("host lab2: ") and "expected an https:// channel" in line
+    assert "stack.policy.allow_http_conda_channel: True" in line
+    spec = load_spec("lab1", {"mirror": {"conda_channel": "http://192.0.2.1:8111/conda"},
+                              **HTTP_CONDA})  # fmt: skip
+    assert spec.mirror.conda_channel == "http://192.0.2.1:8111/conda"
+    assert not StackSpec().policy.allow_http_conda_channel  # off by default
+    # the example inventory's channel is https
+    example = (REPO / "inventories" / "group_data" / "all.py").read_text()
+    assert '"conda_channel": "https://' in example and '"conda_channel": "http://' not in example
+
+
 def test_air_gapped_mirror_needs_every_source():
     error = refused({"mirror": {"air_gapped": True, "artifacts_url": "http://m/a"}})
     fields = [field for field, _, _ in error.problems]
@@ -779,7 +798,7 @@ def test_air_gapped_mirror_needs_every_source():
     full = {"air_gapped": True, "artifacts_url": "http://m/a", "pip_index_url": "http://m/s",
             "git_base_url": "http://m/git", "apt": LAB_APT,
             "conda_channel": "http://m/c"}  # fmt: skip
-    assert load_spec("lab1", {"mirror": full}).mirror.air_gapped
+    assert load_spec("lab1", {"mirror": full, **HTTP_CONDA}).mirror.air_gapped
 
 
 # -- the package's shape -------------------------------------------------------------------------

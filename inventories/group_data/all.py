@@ -41,6 +41,9 @@ stack = {
         "allow_gcc_override": False,
         # Maxwell (M40/M60) is refused by default; True installs the stack there anyway.
         "allow_maxwell": False,
+        # A plain-http mirror.conda_channel is refused; True accepts it (the env's packages are
+        # still checked against the conda lock's sha256, but anyone on the path can stall it).
+        "allow_http_conda_channel": False,
     },
     # --- user: the account that runs training ---------------------------------------------------
     # Defaults: name "verl", uid 2001, home /home/verl. Keep the uid the same on every host
@@ -50,7 +53,9 @@ stack = {
     #
     # --- mirror: a local mirror for an air-gapped lab --------------------------------------------
     # Unset = download from NVIDIA / Anaconda / download.pytorch.org / GitHub. Every file is still
-    # checked against its sha256 (the mirror is not trusted more than upstream).
+    # checked against its sha256 (the mirror is not trusted more than upstream): artifacts
+    # against stack.<artifact>.sha256, wheels against the files/*-requirements-*.txt locks, the
+    # conda env's packages against files/conda-env-<variant>.txt, git checkouts by commit.
     # "mirror": {
     #     "artifacts_url": "http://192.0.2.1:8111/artifacts",   # + "/<filename>"
     #     "pip_index_url": "http://192.0.2.1:8111/simple",      # PEP 503 index, or None
@@ -62,7 +67,9 @@ stack = {
     #     "apt": {"url": "http://192.0.2.1:8111/ubuntu", "suite": "focal",
     #             "components": ["main", "universe"], "signed_by": "/srv/keys/mirror.gpg",
     #             "extra_suites": ["focal-updates", "focal-security"]},  # kernel headers there
-    #     "conda_channel": "http://192.0.2.1:8111/conda",       # + "/linux-64/repodata.json"
+    #     # conda channel serving the lock's files (files/conda-env-<variant>.txt) under
+    #     # "/<subdir>/<file>"; https, or http only with policy.allow_http_conda_channel: True
+    #     "conda_channel": "https://mirror.example/conda",
     #     "air_gapped": False,  # True: every source above is required; distro apt sources aside
     #                           # (False again: the deploy moves them back)
     # },

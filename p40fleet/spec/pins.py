@@ -572,6 +572,9 @@ class Policy(BaseModel):
     allow_maxwell: bool = False
     # SSH with a host key not checked against known_hosts ("accept-new", "no"): an explicit opt-in.
     allow_unverified_host_keys: bool = False
+    # A plain-http mirror.conda_channel: the env's files are still checked against the lock's
+    # sums (files/conda-env-<variant>.txt), but the transport is not authenticated.
+    allow_http_conda_channel: bool = False
     # How long every apt step waits for the dpkg lock (unattended-upgrades holds it after boot)
     # before it fails naming the holder; seconds.
     dpkg_lock_wait_s: int = Field(default=600, ge=1, le=3600)
@@ -759,6 +762,7 @@ class StackSpec(BaseModel):
             problems += self._env_overlaps()
         problems += self._half_done_overrides()
         problems += self._training_archives_reachable()
+        problems += self._http_conda_channel()
         if problems:
             raise _Problems(problems)
         return self
@@ -849,6 +853,21 @@ class StackSpec(BaseModel):
                     )
                 )
         return problems
+
+    def _http_conda_channel(self) -> list[Problem]:
+        """An http:// conda channel only with policy.allow_http_conda_channel (N7)."""
+        channel = self.mirror.conda_channel if self.mirror is not None else None
+        if not channel or not channel.startswith("http://"):
+            return []
+        if self.policy.allow_http_conda_channel:
+            return []
+        text = (
+            "expected an https:// channel (conda fetches the env's packages from it; plain "
+            "http lets the network answer): serve the mirror over https, or set "
+            "stack.policy.allow_http_conda_channel: True to accept http (the env's files are "
+            "still checked against files/conda-env-<variant>.txt)"
+        )
+        return [Problem(("mirror", "conda_channel"), channel, text)]
 
     def _training_archives_reachable(self) -> list[Problem]:
         """A training archive needs a URL unless the mirror's artifacts serve it."""

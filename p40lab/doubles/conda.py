@@ -25,8 +25,10 @@ Real behaviours reproduced (docs/stack-facts.md §4):
 Error messages and exit codes follow conda's. Package solving is not simulated.
 """
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,6 +202,73 @@ def tos_error(urls):
     return 1
 
 
+# conda's url_pat (conda/misc.py, CEP 23): md5, or sha256 with an optional "sha256:" prefix
+URL_PAT = re.compile(
+    r"(?:(?P<url_p>.+)(?:[/\\]))?"
+    r"(?P<fn>[^/\\#]+(?:\.tar\.bz2|\.conda))"
+    r"(?:#((?P<md5>[0-9a-f]{32})|((sha256:)?(?P<sha256>[0-9a-f]{64}))))?$"
+)
+EXPLICIT = "@EXPLICIT"
+
+
+def read_spec_file(path):
+    """(explicit?, lines) of a --file: comments and blank lines dropped."""
+    try:
+        with open(path) as f:
+            raw = [line.strip() for line in f]
+    except OSError as e:
+        err(f"\nCondaFileIOError: '{path}'. {e.strerror}\n")
+        return None, None
+    lines = [line for line in raw if line and not line.startswith("#")]
+    explicit = EXPLICIT in lines
+    return explicit, [line for line in lines if line != EXPLICIT]
+
+
+def checksum_error(url, path, kind, expected, actual):
+    """conda's ChecksumMismatchError (conda/exceptions.py), as the fetch prints it."""
+    err(
+        "\nChecksumMismatchError: Conda detected a mismatch between the expected content and "
+        f"downloaded content\nfor url '{url}'.\n  download saved to: {path}\n"
+        f"  expected {kind}: {expected}\n  actual {kind}: {actual}\n"
+    )
+    return 1
+
+
+def fetch_explicit(lines, quiet):
+    """Download and check every package of an explicit file: ([(fn, url, sha256)], None) or
+    (None, exit code after conda's error)."""
+    parsed = []
+    for line in lines:
+        m = URL_PAT.match(line)
+        if m is None or not m.group("url_p"):
+            err(f"\nParseError: Could not parse explicit URL: {line}\n")
+            return None, 1
+        parsed.append((m.group("fn"), line.split("#", 1)[0], m.group("md5"), m.group("sha256")))
+    pkgs = os.path.join(PREFIX, "pkgs")
+    os.makedirs(pkgs, exist_ok=True)
+    if not quiet:
+        out("\nDownloading and Extracting Packages:")
+    got = []
+    for fn, url, md5, sha256 in parsed:
+        target = os.path.join(pkgs, fn)
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                data = resp.read()
+        except urllib.error.HTTPError as e:
+            return None, http_error(url, e.code, str(e.reason).upper())
+        except (OSError, ValueError):
+            return None, http_error(url, "000", "CONNECTION FAILED")
+        with open(target, "wb") as f:
+            f.write(data)
+        actual = hashlib.sha256(data).hexdigest()
+        if sha256 and actual != sha256:
+            return None, checksum_error(url, target, "sha256", sha256, actual)
+        if md5 and hashlib.md5(data).hexdigest() != md5:
+            return None, checksum_error(url, target, "md5", md5, hashlib.md5(data).hexdigest())
+        got.append((fn, url, actual))
+    return got, None
+
+
 def subdirs(chans):
     return [f"{c}/{s}" for c in chans for s in ("linux-64", "noarch")]
 
@@ -247,12 +316,21 @@ def fetch_repodata(chans):
 
 
 def cmd_create(argv):
-    opts, rest = parse(argv, {"-n", "--name", "-p", "--prefix", "-c", "--channel"})
+    opts, rest = parse(argv, {"-n", "--name", "-p", "--prefix", "-c", "--channel", "--file"})
     name = one(opts, "-n", "--name")
     path = one(opts, "-p", "--prefix")
     if not name and not path:
         err("\nCondaValueError: one of --name or --prefix must be specified\n")
         return 1
+    explicit = None
+    for spec_file in opts.get("--file", []):
+        is_explicit, lines = read_spec_file(spec_file)
+        if lines is None:
+            return 1
+        if is_explicit:
+            explicit = (explicit or []) + lines
+        else:
+            rest = rest + lines
     override = "--override-channels" in opts
     cli_ch = opts.get("-c", []) + opts.get("--channel", [])
     if override and not cli_ch:
@@ -275,6 +353,8 @@ def cmd_create(argv):
         for c in cli_ch or read_condarc().get("channels") or ["defaults"]:
             out(f" - {c}")
         out("Platform: linux-64")
+    if explicit is not None:
+        return create_explicit(explicit, name, path, argv, yes, quiet)
     available, code = fetch_repodata(chans)
     if available is None:
         if not quiet:
@@ -363,6 +443,50 @@ def cmd_create(argv):
         out("#\n# To activate this environment, use\n#")
         out(f"#     $ conda activate {env}\n#")
         out("# To deactivate an active environment, use\n#\n#     $ conda deactivate\n")
+    return 0
+
+
+def create_explicit(lines, name, path, argv, yes, quiet):
+    """`create --file EXPLICIT`: every file fetched and checked first, then the env."""
+    prefix = env_prefix(name, path)
+    got, code = fetch_explicit(lines, quiet)
+    if got is None:
+        return code
+    pythons = [fn.rsplit("-", 2)[1] for fn, _, _ in got if fn.rsplit("-", 2)[0] == "python"]
+    if pythons != [HOST_PY]:
+        err(
+            f"\np40lab conda double: the explicit file names python {', '.join(pythons) or 'none'}"
+            f"; the double builds envs of the host python {HOST_PY} only\n"
+        )
+        return 1
+    if prefix == PREFIX:
+        err("\nCondaValueError: The target prefix is the base prefix. Aborting.\n")
+        return 1
+    if os.path.exists(prefix):
+        if not yes and not sys.stdin.isatty():
+            err(f"WARNING: A conda environment already exists at '{prefix}'")
+            err("\nCondaSystemExit: Exiting.\n")
+            return 1
+        shutil.rmtree(prefix)
+    if not quiet:
+        out("Preparing transaction: done")
+        out("Verifying transaction: done")
+        out("Executing transaction: done")
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    r = subprocess.run(["/usr/bin/python3", "-m", "venv", prefix], capture_output=True, text=True)
+    if r.returncode != 0:
+        err(r.stdout + r.stderr)
+        err(f"\nCondaError: failed to create environment at {prefix}\n")
+        return 1
+    meta = os.path.join(prefix, "conda-meta")
+    os.makedirs(meta, exist_ok=True)
+    with open(os.path.join(meta, "history"), "a") as f:
+        f.write(f"==> create {' '.join(argv)} <==\n# explicit\n")
+        for fn, url, sha256 in got:
+            dist = fn.removesuffix(".conda").removesuffix(".tar.bz2")
+            f.write(f"+{dist}\n")
+            with open(os.path.join(meta, dist + ".json"), "w") as rec:
+                json.dump({"fn": fn, "url": url, "sha256": sha256}, rec)
     return 0
 
 

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from p40fleet import condalock
 from p40fleet.apex_build import BUILD_ACCOUNT, BUILD_HOME
 from p40lab import httpd, mirror, runs
 
 pytestmark = pytest.mark.lab
 
 PROVISIONED = ("lab1", "lab2", "lab3")
+LAB_CONDA_LOCK = Path(__file__).resolve().parents[2] / "files" / "conda-env-lab.txt"
 ENV_PYTHON = "/home/verl/miniconda3/envs/verl-p40/bin/python"
 CUDNN_TAR = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
 TRAINING_CHECKS = ("trainer modules", "launch overrides", "model files", "data files")
@@ -279,9 +281,19 @@ def test_air_gapped_hosts_use_the_mirror_only_and_restore_its_apt_source(fleet):
         condarc = lab.ssh(name, f"cat {rc}", check=True).stdout
         urls = [line.strip("- ").strip() for line in condarc.splitlines() if "://" in line]
         assert urls == [f"{base}/conda", f"{base}/conda"], condarc  # channels, default_channels
-        history = lab.ssh(name, "cat /home/verl/miniconda3/envs/verl-p40/conda-meta/history",
-                          check=True).stdout  # fmt: skip
-        assert f"# channels: {base}/conda\n" in history  # the env came from the mirror
+        # N7: the env came from the lab lock's files on the mirror, each checked against its
+        # sha256 (the double fails the create otherwise), and records the lock it was made from
+        env = "/home/verl/miniconda3/envs/verl-p40"
+        record = json.loads(lab.ssh(name, f"cat {env}/conda-meta/python-*.json",
+                                    check=True).stdout)  # fmt: skip
+        assert record["url"].startswith(f"{base}/conda/linux-64/python-"), record
+        # the lock names the default instance's channel; the deploy moved it onto this mirror
+        tail = record["url"].removeprefix(f"{base}/conda")
+        assert f"/conda{tail}#sha256:{record['sha256']}\n" in LAB_CONDA_LOCK.read_text()
+        marker = lab.ssh(name, f"cat {env}/.p40fleet-conda-lock", check=True).stdout.strip()
+        channel = lab.state["stack"]["mirror"]["conda_channel"]
+        rendered = condalock.render(LAB_CONDA_LOCK.read_text(), channel)
+        assert marker == condalock.digest(rendered), marker
     # without a channel it can reach, this conda fails as a real one does
     r = lab.ssh("lab1", "su verl -c '/home/verl/miniconda3/bin/conda create -n x python=3 -y "
                 "--override-channels -c conda-forge'")  # fmt: skip
