@@ -29,7 +29,7 @@ from facts.smoke import SmokeStep, SmokeTargets
 from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import launch, ray_cluster, training, verification
-from operations.refuse import refuse
+from operations.refuse import HOST_KEY_REMEDY, HOST_KEY_STEP, refuse
 from p40fleet import preflight, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import smoke
@@ -106,7 +106,8 @@ def _refuse(refusals: list[tuple[str, str, str]]) -> dict:
 def _entry_for_this_host() -> dict:
     unchecked = sshguard.host_key_refusal(host)  # S17: before any command
     if unchecked is not None:
-        return _refuse([("ssh host key", unchecked, "set ssh_strict_host_key_checking=yes")])
+        reason = unchecked.removeprefix(f"host {host.name}: ")
+        return _refuse([(HOST_KEY_STEP, reason, HOST_KEY_REMEDY)])  # as deploy/full.py says
     try:
         spec = spec_for_host(host)
     except SpecError as exc:
