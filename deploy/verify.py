@@ -29,9 +29,10 @@ from facts.smoke import SmokeStep, SmokeTargets
 from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import launch, ray_cluster, training, verification
-from operations.refuse import HOST_KEY_REMEDY, HOST_KEY_STEP, refuse
+from operations.refuse import refuse
 from p40fleet import preflight, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.verification import smoke
 from p40fleet.verification.check import FAIL, Check, spec_failure
 

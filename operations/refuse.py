@@ -46,6 +46,7 @@ from pyinfra.api import FunctionCommand, operation
 from operations import run_lock
 from p40fleet import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.verification.check import spec_failure
 
 __all__ = [
@@ -59,12 +60,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("pyinfra")
-
-HOST_KEY_STEP = "ssh host key"
-HOST_KEY_REMEDY = (
-    "set ssh_strict_host_key_checking=yes with the hosts' keys in ssh_known_hosts_file "
-    "(python -m p40fleet.rekey records a new one), then re-run"
-)
 
 _SPEC_REMEDY = (
     "correct the value in the inventory (stack_host) or inventories/group_data/all.py (stack); "

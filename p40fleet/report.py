@@ -65,6 +65,7 @@ __all__ = [
     "UNREACHABLE",
     "ReportError",
     "build_report",
+    "connect_entry",
     "exit_code",
     "fleet_table",
     "gpu_summary",
@@ -222,14 +223,61 @@ def provenance(inventory: str | None = None, *, now: datetime | None = None) -> 
     }
 
 
+_UNREACHABLE_FIX = (
+    "check the host is up and reachable (ssh, inventory address/user/keys), then re-run"
+)
+
+
 def unreachable_entry(reason: str = "pyinfra could not connect to this host") -> dict[str, Any]:
     """The entry of a host that was never verified."""
-    check = Check(
-        "connect",
-        FAIL,
-        reason,
-        "check the host is up and reachable (ssh, inventory address/user/keys), then re-run",
+    check = Check("connect", FAIL, reason, _UNREACHABLE_FIX)
+    return {"verdict": UNREACHABLE, "checks": [check.to_dict()]}
+
+
+#: pyinfra's words for a host whose key is not the recorded one / has none recorded.
+_KEY_CHANGED = "SSH host key error"
+_KEY_UNKNOWN = "No host key for"
+
+
+def connect_entry(name: str, kind: str | None = None, error: str | None = None) -> dict[str, Any]:
+    """The entry of host ``name`` that could not be reached, from why (``sshguard``'s record).
+
+    ``kind`` ``"refused"``: sshguard refused it (its key would not be checked): REFUSED, as
+    ``deploy/verify.py`` and the preflight say. A key that changed (a reinstall, or someone
+    else at that address) or that known_hosts lacks: UNREACHABLE with its own check, whose fix
+    is ``python -m p40fleet.rekey``. Else UNREACHABLE with pyinfra's own error.
+    """
+    from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
+    from p40fleet.sshguard import REFUSED as GUARD_REFUSED
+
+    if kind is None or error is None:
+        return unreachable_entry()
+    if kind == GUARD_REFUSED:
+        return refused_entry(
+            [(HOST_KEY_STEP, error.removeprefix(f"host {name}: "), HOST_KEY_REMEDY)]
+        )
+    rekey = (
+        f"python -m p40fleet.rekey INVENTORY {name} --expect SHA256:... (the fingerprint from "
+        "the host's console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub) records it, then "
+        "re-run"
     )
+    if _KEY_CHANGED in error:
+        check = Check(
+            HOST_KEY_STEP,
+            FAIL,
+            f"{error}: the host presents another key than the one known_hosts records for it "
+            "(reinstalled, or someone else answers at that address); nothing was sent",
+            f"if it was reinstalled: {rekey}",
+        )
+    elif _KEY_UNKNOWN in error:
+        check = Check(
+            HOST_KEY_STEP,
+            FAIL,
+            f"{error}: known_hosts has no key for it; nothing was sent",
+            rekey,
+        )
+    else:
+        check = Check("connect", FAIL, f"pyinfra could not connect: {error}", _UNREACHABLE_FIX)
     return {"verdict": UNREACHABLE, "checks": [check.to_dict()]}
 
 
