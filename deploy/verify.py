@@ -132,7 +132,8 @@ def _entry_for_this_host() -> dict:
 
 sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
 entry = _entry_for_this_host()
-print(verification.summary_line(host.name, entry), flush=True)
+# stdout is pyinfra's JSON under --json: the human line goes to stderr then
+print(verification.summary_line(host.name, entry), file=report.human_stream(), flush=True)
 
 # This file runs once per host (in parallel greenlets); the table waits for the last one.
 results: dict = getattr(state, _RESULTS_ATTR, None) or {}

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
 from p40fleet.run_lock import BOOT_ID
 
 __all__ = ["RunLock", "RunLockState"]
 
 
 @dataclass(frozen=True)
-class RunLockState:
+class RunLockState(ToJson):
     """``exists``: the lock directory is there; ``text``: its holder file (4 KiB at most)."""
 
     exists: bool

@@ -457,11 +457,39 @@ def fleet_table(report: Mapping[str, Any], *, verbose: bool = False) -> Table:
     return table
 
 
+def console(*, stderr: bool = False) -> Console:
+    """A rich console as wide as the terminal (rich's width: the terminal's, else
+    ``$COLUMNS``); written to a pipe or a log without ``$COLUMNS``, 200 columns (there is no
+    width to fit, and long lines stay whole for grep)."""
+    out = Console(stderr=stderr)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(stderr=stderr, width=200)
+    return out
+
+
+def pyinfra_json() -> bool:
+    """True inside ``pyinfra --json …``: its stdout is JSON only, the human lines and tables go
+    to stderr (:func:`human_console`, :func:`human_stream`)."""
+    program = Path(sys.argv[0]) if sys.argv else Path()
+    ran = program.name == "pyinfra" or program.parts[-2:] == ("pyinfra", "__main__.py")
+    return ran and "--json" in sys.argv[1:]
+
+
+def human_stream():
+    """Where a deploy's human lines go: stdout, or stderr under ``pyinfra --json``."""
+    return sys.stderr if pyinfra_json() else sys.stdout
+
+
+def human_console() -> Console:
+    """:func:`console` on :func:`human_stream`."""
+    return console(stderr=pyinfra_json())
+
+
 def print_report(
     report: Mapping[str, Any], *, verbose: bool = False, console: Console | None = None
 ) -> None:
-    """Print :func:`fleet_table` (width 200 unless a console is given)."""
-    (console or Console(width=200)).print(fleet_table(report, verbose=verbose))
+    """Print :func:`fleet_table` (on :func:`human_console` unless a console is given)."""
+    (console or human_console()).print(fleet_table(report, verbose=verbose))
 
 
 # ---------------------------------------------------------------------------- JUnit XML
