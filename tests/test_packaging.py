@@ -143,3 +143,18 @@ def test_setup_compiles_what_a_pyinfra_run_imports(tmp_path):
         if not fresh:
             stale.append(str(source.relative_to(tmp_path)))
     assert not stale, stale
+
+
+def test_a_controller_build_needs_setuptools_only_and_dev_tools_are_pinned():
+    """Issue 28: pyarrow as a build dependency made every ``pip install .`` download 55 MB to
+    build a pure-Python wheel; an unpinned ruff could fail ``ruff format --check`` unchanged."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert [r.split(">")[0].split("=")[0] for r in project["build-system"]["requires"]] == [
+        "setuptools"
+    ]
+    dev = {
+        r.split("=")[0].split(">")[0]: r for r in project["project"]["optional-dependencies"]["dev"]
+    }
+    assert dev["ruff"].startswith("ruff=="), dev["ruff"]
