@@ -235,8 +235,8 @@ class _VerifyAfterLastOperation(BaseStateCallback):
     def host_disconnect(state, host) -> None:  # noqa: ARG004 - pyinfra's callback signature
         """The run ended before its last operation (every host failed or was refused: pyinfra
         stops with "No hosts remaining!"): the report still says each host's verdict."""
-        if getattr(state, _FINISHED_ATTR, False):
-            return
+        if getattr(state, _FINISHED_ATTR, False) or not state.is_executing:
+            return  # reported already, or nothing ran (--dry, or pyinfra stopped before)
         setattr(state, _FINISHED_ATTR, True)
         specs: dict = getattr(state, _SPECS_ATTR)
         entries = {

@@ -190,6 +190,7 @@ def test_dry_run_prints_each_preflight_refusal_with_its_fix_and_changes_nothing(
     assert "host @local: preflight:   - OS check: " in out and "is not supported" in out, out
     assert "— fix: fix each problem above, then re-run" in out, out
     assert not lock.exists()  # the run lock (the first changing command) was not taken
+    assert "p40fleet verify" not in out  # no verification report: nothing ran
     assert "Traceback" not in out
 
 
