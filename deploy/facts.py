@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pyinfra import host, state
 from pyinfra.facts.server import LinuxDistribution
-from rich.console import Console
 from rich.table import Table
 
 from facts.driver import InstalledDriverVersion, LoadedDriverVersion, NvidiaSmi
@@ -19,7 +18,7 @@ from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
 from facts.nouveau import NouveauLoaded
 from facts.survey import ask, install, part, survey
-from p40fleet import sshguard
+from p40fleet import report, sshguard
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 
 _ROWS_ATTR = "p40fleet_fact_rows"
@@ -115,7 +114,7 @@ def _print_table(rows: dict[str, dict[str, str]]) -> None:
         table.add_column(column, overflow="fold")
     for name in sorted(rows):
         table.add_row(*(rows[name][c] for c in _COLUMNS))
-    Console(width=200).print(table)
+    report.human_console().print(table)  # as wide as the terminal; stderr under --json
 
 
 sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
@@ -123,6 +122,7 @@ row = _survey()
 print(
     f"[{row['host']}] {row['OS']} | GPUs: {row['GPUs']} | cc {row['cc']} | "
     f"profile {row['profile']} | driver {row['driver']} | {row['verdict']}",
+    file=report.human_stream(),  # stdout is pyinfra's JSON under --json
     flush=True,
 )
 

@@ -22,7 +22,9 @@ local.include("deploy/python.py")
 local.include("deploy/training.py")
 # 5. Verification: the three-line check and the rest, once the last operation has run
 #    (deploy/verify.py alone checks hosts as they are now).
+#    A refused host is reported REFUSED with its reasons, as deploy/verify.py reports it.
 try:
-    verify_after_run(spec_for_host(host))
+    spec = spec_for_host(host)
 except SpecError:
-    pass  # refused by the preflight: nothing to verify
+    spec = None  # refused by the preflight: nothing to probe, its refusal is the verdict
+verify_after_run(spec)

@@ -90,6 +90,7 @@ if spec is not None:
             reason=f"{len(refusals)} problem(s), nothing was changed:\n"
             + "\n".join(f"  - {r.step}: {r.reason} (fix: {r.remedy})" for r in refusals),
             remedy="fix each problem above, then re-run",
+            refusals=[(r.step, r.reason, r.remedy) for r in refusals],  # the report's checks
         )
 
     # After the refusals, before the first fetch: a proxy password lives in a 0600 file

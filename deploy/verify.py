@@ -32,6 +32,7 @@ from operations import launch, ray_cluster, training, verification
 from operations.refuse import refuse
 from p40fleet import preflight, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
+from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.verification import smoke
 from p40fleet.verification.check import FAIL, Check, simulated_in_inventory, spec_failure
 
@@ -108,7 +109,8 @@ def _refuse(refusals: list[tuple[str, str, str]]) -> dict:
 def _entry_for_this_host() -> dict:
     unchecked = sshguard.host_key_refusal(host)  # S17: before any command
     if unchecked is not None:
-        return _refuse([("ssh host key", unchecked, "set ssh_strict_host_key_checking=yes")])
+        reason = unchecked.removeprefix(f"host {host.name}: ")
+        return _refuse([(HOST_KEY_STEP, reason, HOST_KEY_REMEDY)])  # as deploy/full.py says
     try:
         spec = spec_for_host(host)
     except SpecError as exc:
@@ -132,7 +134,8 @@ def _entry_for_this_host() -> dict:
 
 sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
 entry = _entry_for_this_host()
-print(verification.summary_line(host.name, entry), flush=True)
+# stdout is pyinfra's JSON under --json: the human line goes to stderr then
+print(verification.summary_line(host.name, entry), file=report.human_stream(), flush=True)
 
 # This file runs once per host (in parallel greenlets); the table waits for the last one.
 results: dict = getattr(state, _RESULTS_ATTR, None) or {}

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
+
 __all__ = [
     "APT_DIR", "ASIDE_DIR", "MIRROR_KEY_DIR", "MIRROR_LIST", "AptSourceState", "AptSources",
     "aside_origin",
@@ -30,7 +32,7 @@ _MARK = "##p40fleet-apt"
 
 
 @dataclass(frozen=True)
-class AptSourceState:
+class AptSourceState(ToJson):
     """``mirror_list``: text of MIRROR_LIST (None = absent); ``key_sha256``: of the key file
     asked about (None = absent or none asked); ``others``: other source files that name a
     repository (``sources.list``, ``*.list``, ``*.sources``); ``aside``: the source files in

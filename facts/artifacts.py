@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
+
 __all__ = [
     "ArtifactFile",
     "ArtifactState",
@@ -118,7 +120,7 @@ class UnsafeParent(FactBase[str | None]):
 
 
 @dataclass(frozen=True)
-class ArtifactFile:
+class ArtifactFile(ToJson):
     """A cached artifact and its marker line ``SIZE MTIME SHA256`` (from the last check).
 
     Also the owner (uid) and mode of the file, the marker and the cache dir: root runs these

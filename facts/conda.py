@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
 from p40fleet.privdrop import ENDED, as_user_script
 
 __all__ = [
@@ -85,7 +86,7 @@ def _marked(output: list[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class CondaState:
+class CondaState(ToJson):
     """Miniconda at a prefix: ``missing``, ``broken`` or ``healthy`` (with conda's version)."""
 
     state: str
@@ -139,7 +140,7 @@ TOS_UNKNOWN = "unknown"  # conda failed some other way; ``detail`` has its last 
 
 
 @dataclass(frozen=True)
-class CondaTosState:
+class CondaTosState(ToJson):
     """Whether the installed conda checks Anaconda's Terms of Service (the plugin is there)."""
 
     state: str
@@ -186,7 +187,7 @@ class CondaTos(FactBase[CondaTosState]):
 
 
 @dataclass(frozen=True)
-class EnvPythonState:
+class EnvPythonState(ToJson):
     """The env's interpreter: ``missing``/``broken``/``ok``; ``detail`` says what went wrong."""
 
     state: str
@@ -243,7 +244,7 @@ class EnvPython(FactBase[EnvPythonState]):
 
 
 @dataclass(frozen=True)
-class Dist:
+class Dist(ToJson):
     """One installed distribution: version and, for an editable install, its source dir."""
 
     version: str

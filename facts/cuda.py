@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
+
 __all__ = [
     "CudaInstall",
     "CudaToolkit",
@@ -42,7 +44,7 @@ class GccMajor(FactBase[int | None]):
 
 
 @dataclass(frozen=True)
-class CudaInstall:
+class CudaInstall(ToJson):
     """What a CUDA toolkit dir holds: ``version.json``'s cuda version and whether nvcc is there."""
 
     exists: bool = False

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
+
 __all__ = [
     "CudnnExtracted",
     "CudnnFile",
@@ -98,7 +100,7 @@ class CudnnExtracted(FactBase[str | None]):
 
 
 @dataclass(frozen=True)
-class CudnnFile:
+class CudnnFile(ToJson):
     """One cuDNN file (or symlink, not followed): where it is and which inode it is."""
 
     device: int

@@ -19,6 +19,7 @@ from p40fleet.gpu_catalog import (
     normalize_bus_id,
     parse_pci_id,
 )
+from p40fleet.jsonable import ToJson
 
 SMI_MARKER = "##p40fleet-nvidia-smi"
 SMI_FIELDS = "index,name,pci.bus_id,pci.device_id,compute_cap,memory.total,driver_version"
@@ -32,7 +33,7 @@ SMI_NO_DEVICES = "no-devices"
 
 
 @dataclass(frozen=True)
-class SmiGpu:
+class SmiGpu(ToJson):
     """One GPU row of ``nvidia-smi --query-gpu``."""
 
     index: int
@@ -49,7 +50,7 @@ class SmiGpu:
 
 
 @dataclass(frozen=True)
-class SmiResult:
+class SmiResult(ToJson):
     """nvidia-smi's state (``ok``/``absent``/``not-loaded``/``mismatch``/``no-devices``)."""
 
     state: str

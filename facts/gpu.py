@@ -18,6 +18,7 @@ from p40fleet.gpu_catalog import (
     GpuModel,
     resolve,
 )
+from p40fleet.jsonable import ToJson
 
 
 def _int(text: str | None) -> int | None:
@@ -30,7 +31,7 @@ def _int(text: str | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class PciGpu:
+class PciGpu(ToJson):
     """One NVIDIA display/3D PCI function as sysfs shows it."""
 
     bus_id: str

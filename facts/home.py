@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
 from p40fleet.privdrop import READ_TIMEOUT_S, as_user_script
 
 __all__ = ["UserFile", "UserFileState"]
@@ -22,7 +23,7 @@ _MARK = "@@p40fleet-userfile"
 
 
 @dataclass(frozen=True)
-class UserFileState:
+class UserFileState(ToJson):
     """``kind``: ``missing``, ``file``, ``link``, ``dir`` or ``other`` (a FIFO, a device);
     for a regular file its octal ``mode`` (as ``File`` gives it: ``644``), owner and sha1."""
 

@@ -15,6 +15,8 @@ from pyinfra.facts.hardware import Cpus
 from pyinfra.facts.server import LinuxDistribution, LinuxDistributionDict
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
+
 __all__ = [
     "Cpus",
     "FreeSpace",
@@ -41,7 +43,7 @@ def os_label(distribution: LinuxDistributionDict | None) -> str:
 
 
 @dataclass(frozen=True)
-class KernelInfo:
+class KernelInfo(ToJson):
     """The running kernel and whether its build tree (headers) is installed."""
 
     release: str | None
@@ -80,7 +82,7 @@ class KernelHeaders(FactBase[KernelInfo]):
 
 
 @dataclass(frozen=True)
-class FreeSpaceInfo:
+class FreeSpaceInfo(ToJson):
     """Free space for ``path``, measured on its nearest existing ancestor."""
 
     path: str

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from p40fleet.jsonable import ToJson
+
 
 @dataclass(frozen=True)
-class UrlAnswer:
+class UrlAnswer(ToJson):
     """What a ``HEAD`` request for a URL got: the HTTP status (0 = no answer) and the size."""
 
     url: str

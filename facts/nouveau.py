@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
+
 __all__ = [
     "FileStamp",
     "FileStampFact",
@@ -30,7 +32,7 @@ def _int_or_none(text: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class FileStamp:
+class FileStamp(ToJson):
     mtime: int
     text: str
 

@@ -11,6 +11,8 @@ import re
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from p40fleet.jsonable import NameSet
+
 __all__ = ["DebInstalled", "PACKAGE_NAME"]
 
 #: A Debian package name (Debian Policy 5.6.7): what may be asked, nothing a shell could read.
@@ -19,7 +21,7 @@ PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9.+-]+")
 INSTALLED = "ii"
 
 
-class DebInstalled(FactBase[frozenset[str]]):
+class DebInstalled(FactBase[NameSet]):
     """
     Returns the subset of ``packages`` that dpkg reports fully installed (status ``ii``);
     removed-but-configured (``rc``), half-installed or unknown packages are not in it.
@@ -27,8 +29,8 @@ class DebInstalled(FactBase[frozenset[str]]):
 
     @staticmethod
     @override
-    def default() -> frozenset[str]:
-        return frozenset()
+    def default() -> NameSet:
+        return NameSet()
 
     @override
     def requires_command(self, packages: tuple[str, ...] = ()) -> str:
@@ -49,10 +51,10 @@ class DebInstalled(FactBase[frozenset[str]]):
         )
 
     @override
-    def process(self, output: list[str]) -> frozenset[str]:
+    def process(self, output: list[str]) -> NameSet:
         found = set()
         for line in output:
             words = line.split()
             if len(words) >= 2 and words[1].startswith(INSTALLED):
                 found.add(words[0])
-        return frozenset(found)
+        return NameSet(found)  # a frozenset pyinfra's CLI can write

@@ -13,13 +13,14 @@ from datetime import datetime, timezone
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
 from p40fleet.run_lock import BOOT_ID
 
 __all__ = ["RunLock", "RunLockState"]
 
 
 @dataclass(frozen=True)
-class RunLockState:
+class RunLockState(ToJson):
     """``exists``: the lock directory is there; ``text``: its holder file (4 KiB at most);
     ``now``: the host's clock (UTC; None if unreadable); ``uptime_s``: seconds since its boot."""
 

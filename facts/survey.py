@@ -36,6 +36,8 @@ from pyinfra import logger
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.state import BaseStateCallback
 
+from p40fleet.jsonable import ToJson
+
 MARKER = "@@p40fleet-survey"
 MISSING = "missing"  # a part's status when its requires_command is not on the host
 _BOOKS_ATTR = "p40fleet_survey_books"
@@ -174,7 +176,7 @@ class Survey(FactBase[dict[int, tuple[str, str, list[str]]]]):
 
 
 @dataclass
-class _Book:
+class _Book(ToJson):
     """One host's answers in one run."""
 
     memo: dict[Part, _Kept] = field(default_factory=dict)
@@ -186,7 +188,7 @@ class _Book:
 
 
 @dataclass(frozen=True)
-class _Kept:
+class _Kept(ToJson):
     """An answer as the memo keeps it: pickled, so that every ask gets its own copy.
 
     Unpickling copies an answer several times faster than ``copy.deepcopy`` (about 170 asks

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.jsonable import ToJson
 from p40fleet.privdrop import as_user_script
 from p40fleet.training import MARKER
 
@@ -24,7 +25,7 @@ CONFIG_LIMIT = 65536
 
 
 @dataclass(frozen=True)
-class StagedDirState:
+class StagedDirState(ToJson):
     """A directory: does it exist, the archive sum in its marker, its non-empty top files."""
 
     exists: bool = False

@@ -13,6 +13,7 @@ from typing_extensions import override
 
 # one marker and one way to run as the training user for all of that user's facts
 from facts.conda import _MARK, _MISSING, MarkerText, _as
+from p40fleet.jsonable import ToJson
 
 __all__ = [
     "GitCheckout",
@@ -25,7 +26,7 @@ STATUS_LINES = 200
 
 
 @dataclass(frozen=True)
-class GitState:
+class GitState(ToJson):
     """A git checkout: whether it exists, its HEAD, origin URL and locally modified files."""
 
     exists: bool

@@ -28,13 +28,17 @@ Real output (``@local`` with a bad spec next to a good second host)::
         [@chroot//] Success
 
 (each message is one line in the real output; wrapped here). pyinfra exits 1 when any host
-failed. While preparing (also with ``--dry``, which executes nothing) a refused host logs
-``[@local] stack spec invalid (stack.cuda.sha256 ...): this host will be refused``.
+failed. While preparing a refused host logs
+``[@local] stack spec invalid (2 problems: stack.cuda.sha256, stack.user.uid): this host will be
+refused``. A dry run (``--dry``, which executes nothing) prints every refusal's lines while it
+prepares, the same lines (reason and fix, every spec problem in full) a real run prints when it
+executes the refusal; nothing is sent to the host for them.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
@@ -42,8 +46,18 @@ from pyinfra.api import FunctionCommand, operation
 from operations import run_lock
 from p40fleet import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
+from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
+from p40fleet.verification.check import spec_failure
 
-__all__ = ["refusal_message", "refuse", "refuse_option_ref", "validated_spec"]
+__all__ = [
+    "dry_run",
+    "host_refusals",
+    "refusal_message",
+    "refuse",
+    "refuse_option_ref",
+    "say_when_dry",
+    "validated_spec",
+]
 
 logger = logging.getLogger("pyinfra")
 
@@ -65,6 +79,20 @@ def refusal_message(host_name: str, step: str, reason: str, remedy: str) -> str:
     return "\n".join(out)
 
 
+def dry_run() -> bool:
+    """True in ``pyinfra … --dry`` (pyinfra keeps the flag in its CLI only: read its argv)."""
+    return "--dry" in sys.argv[1:]
+
+
+def say_when_dry(message: str) -> None:
+    """In a dry run, log a refusal's lines now (while preparing): a dry run never executes the
+    operation that would print them."""
+    if dry_run() and not state.is_executing:
+        host.log_styled("dry run: a real run refuses this host with:", log_func=logger.warning)
+        for line in message.splitlines():
+            host.log_styled(line, fg="yellow", log_func=logger.warning)
+
+
 @operation(is_idempotent=False)
 def refuse(step: str, reason: str, remedy: str):
     """
@@ -75,9 +103,10 @@ def refuse(step: str, reason: str, remedy: str):
     + remedy: what the admin should do about it
 
     The host is marked failed: its later operations do not run; other hosts are unaffected.
-    Run ``pyinfra`` without ``--dry`` to see the refusal (a dry run executes nothing).
+    A dry run (which executes nothing) prints the same lines while it prepares.
     """
     message = refusal_message(host.name, step, reason, remedy)
+    say_when_dry(message)
 
     def _fail(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host) by name
         # Returning False fails the operation (and so the host) without a Python traceback.
@@ -100,9 +129,38 @@ def refused_hosts() -> set[str]:
     return refused
 
 
-def refuse_host(step: str, reason: str, remedy: str, name: str | None = None) -> None:
-    """Queue ``refuse`` for the current host and remember it: later deploys add nothing for it."""
+_REFUSALS_ATTR = "p40fleet_refusals"
+
+
+def host_refusals(target) -> list[tuple[str, str, str]]:
+    """``(step, reason, fix)`` of each refusal queued for ``target`` in this run (the report's
+    REFUSED checks: ``operations.verification``)."""
+    return list((getattr(target.state, _REFUSALS_ATTR, None) or {}).get(target.name, []))
+
+
+def record_refusals(refusals: list[tuple[str, str, str]]) -> None:
+    """Remember why the current host is refused (for the report after the run)."""
+    table = getattr(state, _REFUSALS_ATTR, None)
+    if table is None:
+        table = {}
+        setattr(state, _REFUSALS_ATTR, table)
+    known = table.setdefault(host.name, [])
+    known.extend(r for r in refusals if r not in known)
+
+
+def refuse_host(
+    step: str,
+    reason: str,
+    remedy: str,
+    name: str | None = None,
+    refusals: list[tuple[str, str, str]] | None = None,
+) -> None:
+    """Queue ``refuse`` for the current host and remember it: later deploys add nothing for it.
+
+    ``refusals``: the ``(step, reason, fix)`` behind a combined ``reason`` (the report lists
+    each one); by default the refusal itself."""
     refused_hosts().add(host.name)
+    record_refusals(refusals if refusals is not None else [(step, reason, remedy)])
     refuse(step=step, reason=reason, remedy=remedy, name=name or f"Refuse: {step}")
 
 
@@ -129,10 +187,9 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
     if unchecked is not None and host.name not in refused_hosts():
         # S17: before the run lock's fact (a root command); sshguard refuses any command too.
         refuse_host(
-            step="ssh host key",
+            step=HOST_KEY_STEP,
             reason=unchecked.removeprefix(f"host {host.name}: "),
-            remedy="set ssh_strict_host_key_checking=yes with the hosts' keys in "
-            "ssh_known_hosts_file (python -m p40fleet.rekey records a new one), then re-run",
+            remedy=HOST_KEY_REMEDY,
             name="Refuse: ssh host key",
         )
     if unchecked is not None:
@@ -161,17 +218,21 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
         # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".
         prefix = f"host {exc.host}: "
         reason = "\n".join(line.removeprefix(prefix) for line in exc.lines())
-        # Also say it while preparing, so `--dry` (which executes nothing) shows it too.
+        # Also say it while preparing: every field (a dry run prints each problem in full).
+        fields = list(dict.fromkeys(field for field, _, _ in exc.problems))
+        count = f"{len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}"
         host.log_styled(
-            f"stack spec invalid ({exc.field} ...): this host will be refused",
+            f"stack spec invalid ({count}: {', '.join(fields)}): this host will be refused",
             fg="yellow",
             log_func=logger.warning,
         )
+        (check,) = spec_failure(line.removeprefix(prefix) for line in exc.lines())
         refuse_host(
             step="stack spec",
             reason=reason,
             remedy=_SPEC_REMEDY,
             name="Refuse: stack spec",
+            refusals=[(check.name, check.detail, check.remedy)],  # as deploy/verify.py says it
         )
         return None
 

@@ -85,9 +85,12 @@ def _set(attr: str) -> set[str]:
 
 
 def _refusal(path: str, reason: str) -> FunctionCommand:
-    from operations.refuse import refusal_message  # one refusal format for the project
+    from operations.refuse import record_refusals, refusal_message, say_when_dry
 
-    message = refusal_message(host.name, _STEP, reason, run_lock.FIX.format(path=path))
+    fix = run_lock.FIX.format(path=path)
+    message = refusal_message(host.name, _STEP, reason, fix)  # one refusal format
+    record_refusals([(_STEP, reason, fix)])
+    say_when_dry(message)
 
     def _fail(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
         for line in message.splitlines():

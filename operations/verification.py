@@ -24,7 +24,8 @@ from facts.gpu import PciGpus
 from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import artifacts, cudnn, launch, run_lock, training
-from p40fleet import apex_build, report
+from operations.refuse import host_refusals
+from p40fleet import apex_build, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
 from p40fleet.verification import TABLE_ENV
@@ -131,7 +132,8 @@ def finish(entries: dict[str, Any]) -> dict[str, Any]:
     entries = dict(entries)
     for other in state.inventory:
         if state.is_host_in_limit(other) and other not in state.activated_hosts:
-            entries.setdefault(other.name, report.unreachable_entry())
+            failure = sshguard.connect_failure(other) or (None, None)
+            entries.setdefault(other.name, report.connect_entry(other.name, *failure))
         elif other.name in entries:
             entries[other.name] = _with_details(other, entries[other.name])
     fleet = report.build_report(entries, provenance=report.provenance())
@@ -176,35 +178,48 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
     return checks_for(spec, gpus, fact.process(output.stdout_lines), target=plan, simulated=sim)
 
 
+_FINISHED_ATTR = "p40fleet_verify_after_run_finished"
+
+
+def _unprobed_entry(target, specs: dict) -> dict[str, Any] | None:
+    """The entry of a host that gets no probe (refused, failed, or the run stopped), else None."""
+    refusals = host_refusals(target)
+    if refusals and target in target.state.failed_hosts:
+        # refused (preflight, spec, run lock): the verdict deploy/verify.py gives it
+        return report.refused_entry(refusals)
+    if specs.get(target.name) is not None and target not in target.state.failed_hosts:
+        return None
+    why = (
+        "an earlier step failed on this host: not verified"
+        if target in target.state.failed_hosts
+        else "the run stopped before the verification: not verified"
+    )
+    return report.host_entry(
+        [Check("provisioning", FAIL, why, "see the error above, fix it, then re-run")]
+    )
+
+
 class _VerifyAfterLastOperation(BaseStateCallback):
     @staticmethod
     def operation_end(state, op_hash) -> None:  # noqa: ARG004 - pyinfra's callback signature
         order = state.get_op_order()
         if not order or op_hash != order[-1]:
             return
+        setattr(state, _FINISHED_ATTR, True)
         specs: dict = getattr(state, _SPECS_ATTR)
         entries: dict[str, Any] = {}
         failed = set()
         probes = {}
         for target in state.inventory:
-            spec = specs.get(target.name)
-            if spec is None or target not in state.activated_hosts:
+            if target.name not in specs or target not in state.activated_hosts:
                 continue
-            if target in state.failed_hosts:
-                entries[target.name] = report.host_entry(
-                    [
-                        Check(
-                            "provisioning",
-                            FAIL,
-                            "an earlier step failed on this host: not verified",
-                            "see the error above, fix it, then re-run",
-                        )
-                    ]  # fmt: skip
-                )
+            entry = _unprobed_entry(target, specs)
+            if entry is not None:
+                entries[target.name] = entry
                 continue
             # every host's probe at once, as pyinfra runs operations: the fleet waits for the
             # slowest host, not for the sum of them
-            probes[target] = state.pool.spawn(_probe_now, target, spec)
+            probes[target] = state.pool.spawn(_probe_now, target, specs[target.name])
         gevent.joinall(list(probes.values()))
         for target, probe in probes.items():
             checks = probe.get()
@@ -220,13 +235,30 @@ class _VerifyAfterLastOperation(BaseStateCallback):
         if failed:
             state.failed_hosts.update(failed)  # pyinfra exits 1; no operation is left to skip
 
+    @staticmethod
+    def host_disconnect(state, host) -> None:  # noqa: ARG004 - pyinfra's callback signature
+        """The run ended before its last operation (every host failed or was refused: pyinfra
+        stops with "No hosts remaining!"): the report still says each host's verdict."""
+        if getattr(state, _FINISHED_ATTR, False) or not state.is_executing:
+            return  # reported already, or nothing ran (--dry, or pyinfra stopped before)
+        setattr(state, _FINISHED_ATTR, True)
+        specs: dict = getattr(state, _SPECS_ATTR)
+        entries = {
+            target.name: _unprobed_entry(target, specs) or _unprobed_entry(target, {})
+            for target in state.inventory
+            if target.name in specs and target in state.activated_hosts
+        }
+        finish(entries)
 
-def verify_after_run(spec: StackSpec) -> None:
-    """Verify this host once the last operation of the run has ended (see module doc)."""
+
+def verify_after_run(spec: StackSpec | None) -> None:
+    """Verify this host once the last operation of the run has ended (see module doc); a host
+    without a valid spec (None) is reported REFUSED with the reasons it was refused for."""
     specs = getattr(state, _SPECS_ATTR, None)
     if specs is None:
         specs = {}
         setattr(state, _SPECS_ATTR, specs)
         state.add_callback_handler(_VerifyAfterLastOperation())
     specs[host.name] = spec
-    run_lock.defer_release()  # released with the probe: one command, not two
+    if spec is not None:
+        run_lock.defer_release()  # released with the probe: one command, not two

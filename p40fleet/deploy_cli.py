@@ -12,8 +12,12 @@ Before anything connects, refuses (exit 2) what plain pyinfra would run silently
 * two hosts at one address (``ssh_hostname``, else the name): one machine would be provisioned
   twice at once, and Ray would expect a node more than there is.
 
-Then runs ``python -m pyinfra INVENTORY DEPLOY... ARGS`` from the checkout and exits with its
-status (0 all hosts done, 1 a host failed; pyinfra's contract).
+Then runs ``python -m pyinfra INVENTORY DEPLOY... ARGS`` from the checkout. A run that ends
+with a verification (``deploy/full.py``, ``deploy/verify.py``) exits as ``python -m
+p40fleet.verify`` does, from the report it writes (``$P40FLEET_REPORT``, a temporary file
+unless set): 0 every host passed, 1 a host failed or could not be reached, 3 the others were
+all refused (outside the stack, or refused by the preflight). Any other run exits with
+pyinfra's status (0 all hosts done, 1 a host failed).
 """
 
 from __future__ import annotations
@@ -23,12 +27,18 @@ import os
 import runpy
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from p40fleet import report
+
 __all__ = ["InventoryError", "check_inventory", "main", "split_args"]
+
+#: Deploys that end with a verification report: the run's exit status comes from it.
+_VERIFYING = frozenset({"full.py", "verify.py"})
 
 EXIT_USAGE = 2
 REPO = Path(__file__).resolve().parent.parent
@@ -184,8 +194,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         dict.fromkeys([str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     )
-    try:
-        return subprocess.call(command, cwd=REPO, env=env)
-    except OSError as exc:
-        print(f"p40fleet.deploy: cannot run pyinfra: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    verifies = any(Path(d).name in _VERIFYING for d in deploys) and "--dry" not in rest
+    with tempfile.TemporaryDirectory(prefix="p40fleet-deploy-") as tmp:
+        path = env.setdefault(report.REPORT_ENV, str(Path(tmp) / "report.json"))
+        if os.path.exists(path) and verifies:
+            os.unlink(path)  # an old report must not give this run's exit status
+        try:
+            rc = subprocess.call(command, cwd=REPO, env=env)
+        except OSError as exc:
+            print(f"p40fleet.deploy: cannot run pyinfra: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if not verifies or rc not in (0, 1) or not os.path.exists(path):
+            return rc
+        try:
+            fleet = report.load_report(path)
+        except report.ReportError as exc:
+            print(f"p40fleet.deploy: {exc}", file=sys.stderr)
+            return rc or report.EXIT_FAIL
+    code = report.exit_code(fleet)
+    return report.EXIT_FAIL if code == report.EXIT_OK and rc != 0 else code

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from p40fleet.controller import cache_dir
+from p40fleet.jsonable import ToJson
 from p40fleet.spec import StackSpec
 
 __all__ = [
@@ -361,7 +362,7 @@ def systemd_quote(arg: str) -> str:
 
 
 @dataclass(frozen=True)
-class ClusterStatus:
+class ClusterStatus(ToJson):
     """What ``ray status -v`` reports: the active node ids, totals, resources per node."""
 
     active: tuple[str, ...] = ()
@@ -413,7 +414,7 @@ def parse_status(lines: Iterable[str]) -> ClusterStatus | None:
 
 
 @dataclass(frozen=True)
-class RayProbe:
+class RayProbe(ToJson):
     """The answers of ``facts.ray.RayStatus`` on one host."""
 
     unit: bool = False  # the unit file of deploy/ray.py exists

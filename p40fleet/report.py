@@ -65,6 +65,7 @@ __all__ = [
     "UNREACHABLE",
     "ReportError",
     "build_report",
+    "connect_entry",
     "exit_code",
     "fleet_table",
     "gpu_summary",
@@ -222,14 +223,61 @@ def provenance(inventory: str | None = None, *, now: datetime | None = None) -> 
     }
 
 
+_UNREACHABLE_FIX = (
+    "check the host is up and reachable (ssh, inventory address/user/keys), then re-run"
+)
+
+
 def unreachable_entry(reason: str = "pyinfra could not connect to this host") -> dict[str, Any]:
     """The entry of a host that was never verified."""
-    check = Check(
-        "connect",
-        FAIL,
-        reason,
-        "check the host is up and reachable (ssh, inventory address/user/keys), then re-run",
+    check = Check("connect", FAIL, reason, _UNREACHABLE_FIX)
+    return {"verdict": UNREACHABLE, "checks": [check.to_dict()]}
+
+
+#: pyinfra's words for a host whose key is not the recorded one / has none recorded.
+_KEY_CHANGED = "SSH host key error"
+_KEY_UNKNOWN = "No host key for"
+
+
+def connect_entry(name: str, kind: str | None = None, error: str | None = None) -> dict[str, Any]:
+    """The entry of host ``name`` that could not be reached, from why (``sshguard``'s record).
+
+    ``kind`` ``"refused"``: sshguard refused it (its key would not be checked): REFUSED, as
+    ``deploy/verify.py`` and the preflight say. A key that changed (a reinstall, or someone
+    else at that address) or that known_hosts lacks: UNREACHABLE with its own check, whose fix
+    is ``python -m p40fleet.rekey``. Else UNREACHABLE with pyinfra's own error.
+    """
+    from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
+    from p40fleet.sshguard import REFUSED as GUARD_REFUSED
+
+    if kind is None or error is None:
+        return unreachable_entry()
+    if kind == GUARD_REFUSED:
+        return refused_entry(
+            [(HOST_KEY_STEP, error.removeprefix(f"host {name}: "), HOST_KEY_REMEDY)]
+        )
+    rekey = (
+        f"python -m p40fleet.rekey INVENTORY {name} --expect SHA256:... (the fingerprint from "
+        "the host's console: ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub) records it, then "
+        "re-run"
     )
+    if _KEY_CHANGED in error:
+        check = Check(
+            HOST_KEY_STEP,
+            FAIL,
+            f"{error}: the host presents another key than the one known_hosts records for it "
+            "(reinstalled, or someone else answers at that address); nothing was sent",
+            f"if it was reinstalled: {rekey}",
+        )
+    elif _KEY_UNKNOWN in error:
+        check = Check(
+            HOST_KEY_STEP,
+            FAIL,
+            f"{error}: known_hosts has no key for it; nothing was sent",
+            rekey,
+        )
+    else:
+        check = Check("connect", FAIL, f"pyinfra could not connect: {error}", _UNREACHABLE_FIX)
     return {"verdict": UNREACHABLE, "checks": [check.to_dict()]}
 
 
@@ -409,11 +457,39 @@ def fleet_table(report: Mapping[str, Any], *, verbose: bool = False) -> Table:
     return table
 
 
+def console(*, stderr: bool = False) -> Console:
+    """A rich console as wide as the terminal (rich's width: the terminal's, else
+    ``$COLUMNS``); written to a pipe or a log without ``$COLUMNS``, 200 columns (there is no
+    width to fit, and long lines stay whole for grep)."""
+    out = Console(stderr=stderr)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(stderr=stderr, width=200)
+    return out
+
+
+def pyinfra_json() -> bool:
+    """True inside ``pyinfra --json …``: its stdout is JSON only, the human lines and tables go
+    to stderr (:func:`human_console`, :func:`human_stream`)."""
+    program = Path(sys.argv[0]) if sys.argv else Path()
+    ran = program.name == "pyinfra" or program.parts[-2:] == ("pyinfra", "__main__.py")
+    return ran and "--json" in sys.argv[1:]
+
+
+def human_stream():
+    """Where a deploy's human lines go: stdout, or stderr under ``pyinfra --json``."""
+    return sys.stderr if pyinfra_json() else sys.stdout
+
+
+def human_console() -> Console:
+    """:func:`console` on :func:`human_stream`."""
+    return console(stderr=pyinfra_json())
+
+
 def print_report(
     report: Mapping[str, Any], *, verbose: bool = False, console: Console | None = None
 ) -> None:
-    """Print :func:`fleet_table` (width 200 unless a console is given)."""
-    (console or Console(width=200)).print(fleet_table(report, verbose=verbose))
+    """Print :func:`fleet_table` (on :func:`human_console` unless a console is given)."""
+    (console or human_console()).print(fleet_table(report, verbose=verbose))
 
 
 # ---------------------------------------------------------------------------- JUnit XML

@@ -15,6 +15,12 @@ fails, the others go on), but paramiko reports a connection that died under an o
 as ``EOFError``, which escapes pyinfra's handlers and ends the run for every host. The guarded
 methods turn ``EOFError`` into ``SSHException`` naming the host.
 
+Connection failures: the guarded ``connect`` remembers why each host could not be reached
+(:func:`connect_failure`: the sshguard refusal, or pyinfra's own error such as ``SSH host key
+error (Host key for X does not match.)``) for the report's REFUSED / UNREACHABLE entries
+(``p40fleet.report.connect_entry``). When no host of the run could be reached pyinfra stops
+before any deploy file runs, so the guard writes the report (``$P40FLEET_REPORT``) itself then.
+
 pyinfra has no hook for either, so ``install()`` patches ``SSHConnector``'s methods in place;
 it is called explicitly, never on import. Idempotent.
 """
@@ -28,9 +34,57 @@ from paramiko import SSHException
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.connectors.ssh import SSHConnector
 
-__all__ = ["host_key_refusal", "install"]
+__all__ = [
+    "HOST_KEY_REMEDY",
+    "HOST_KEY_STEP",
+    "REFUSED",
+    "connect_failure",
+    "host_key_refusal",
+    "install",
+]
 
 _GUARDED = ("run_shell_command", "put_file", "get_file")
+
+#: The refusal of a host whose key would not be checked: its step and fix (every entry point).
+HOST_KEY_STEP = "ssh host key"
+HOST_KEY_REMEDY = (
+    "set ssh_strict_host_key_checking=yes with the hosts' keys in ssh_known_hosts_file "
+    "(python -m p40fleet.rekey records a new one), then re-run"
+)
+#: :func:`connect_failure`'s kind for a host this guard refused (else ``"error"``).
+REFUSED = "refused"
+_FAILURES_ATTR = "p40fleet_connect_failures"
+
+
+def connect_failure(target: Any) -> tuple[str, str] | None:
+    """``(kind, message)`` of ``target``'s failed connection in this run, or None."""
+    failures = getattr(target.state, _FAILURES_ATTR, None) or {}
+    return failures.get(target.name)
+
+
+def _record_failure(target: Any, kind: str, message: str) -> None:
+    state = target.state
+    failures = getattr(state, _FAILURES_ATTR, None)
+    if failures is None:
+        failures = {}
+        setattr(state, _FAILURES_ATTR, failures)
+    failures[target.name] = (kind, message)
+    hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
+    if hosts and all(h.name in failures for h in hosts):
+        _report_nobody_reached(state, hosts)
+
+
+def _report_nobody_reached(state: Any, hosts: list) -> None:
+    """No host answered: pyinfra stops before any deploy, so write the report here."""
+    import os
+
+    from p40fleet import report
+
+    path = os.environ.get(report.REPORT_ENV)
+    if not path:
+        return
+    entries = {h.name: report.connect_entry(h.name, *connect_failure(h)) for h in hosts}
+    report.write_report(report.build_report(entries, provenance=report.provenance()), path)
 
 
 def host_key_refusal(host: Any) -> str | None:
@@ -70,8 +124,13 @@ def _guard_connect(method):
     def guarded(self, *args, **kwargs):
         refusal = host_key_refusal(self.host)
         if refusal is not None:
+            _record_failure(self.host, REFUSED, refusal)
             raise ConnectError(refusal)
-        return method(self, *args, **kwargs)
+        try:
+            return method(self, *args, **kwargs)
+        except ConnectError as exc:
+            _record_failure(self.host, "error", str(exc))
+            raise
 
     guarded.p40fleet_guarded = True
     return guarded

@@ -257,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if junit_path is not None:
         print(f"junit: {junit_path}")
     code = report.exit_code(fleet)
+    verdicts = {entry["verdict"] for entry in fleet["hosts"].values()}
+    if verdicts == {report.UNREACHABLE}:
+        print("p40fleet.verify: no host could be reached: nothing was verified", file=sys.stderr)
     if code == report.EXIT_OK and rc != 0:
         print(
             f"p40fleet.verify: every host passed but pyinfra exited {rc}: see its output above",

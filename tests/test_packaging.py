@@ -206,3 +206,18 @@ def test_controller_lock_pins_every_dependency_with_its_hashes():
         name = re.sub(r"[-_.]+", "-", dep.name).lower()
         assert name in pinned, f"{dep} is not in the controller lock"
         assert dep.specifier.contains(pinned[name]), (str(dep), pinned[name])
+
+
+def test_a_controller_build_needs_setuptools_only_and_dev_tools_are_pinned():
+    """Issue 28: pyarrow as a build dependency made every ``pip install .`` download 55 MB to
+    build a pure-Python wheel; an unpinned ruff could fail ``ruff format --check`` unchanged."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert [r.split(">")[0].split("=")[0] for r in project["build-system"]["requires"]] == [
+        "setuptools"
+    ]
+    dev = {
+        r.split("=")[0].split(">")[0]: r for r in project["project"]["optional-dependencies"]["dev"]
+    }
+    assert dev["ruff"].startswith("ruff=="), dev["ruff"]

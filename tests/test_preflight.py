@@ -102,7 +102,10 @@ def test_bad_spec_refuses_the_host_and_changes_nothing(tmp_path):
     assert "host @local: stack spec: stack.user.uid = 7: expected a uid from 1000 to 60000" in out
     assert "— fix: correct the value in the inventory" in out
     # announced while preparing too (so `--dry` shows it)
-    assert "stack spec invalid (stack.cuda.sha256 ...): this host will be refused" in out
+    assert (
+        "stack spec invalid (2 problems: stack.cuda.sha256, stack.user.uid): this host will be "
+        "refused" in out
+    ), out
     assert "Traceback" not in out
 
 
@@ -164,3 +167,64 @@ def test_every_deploy_that_changes_hosts_runs_the_preflight_first(deploy):
             ):
                 order.append("spec")
     assert order[:2] == ["preflight", "spec"], order
+
+
+# --- --dry says why (issue 28): the refusal's own lines while preparing, nothing changed -------
+
+
+def dry_full(tmp_path: Path, data: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """``pyinfra INV deploy/full.py --dry`` on this machine (@local: no NVIDIA GPU, not Ubuntu)
+    with the run lock in tmp: the refused host the lab's GPU-less one stands for."""
+    lock = tmp_path / "run.lock"
+    (tmp_path / "inventory.py").write_text(
+        f"hosts = [('@local', {{'p40fleet_run_lock': {str(lock)!r}, **{data}}})]\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", str(tmp_path / "inventory.py"), "deploy/full.py",
+         "--dry"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    return proc, lock
+
+
+def test_dry_run_prints_each_preflight_refusal_with_its_fix_and_changes_nothing(tmp_path):
+    proc, lock = dry_full(tmp_path, "{}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "[@local] dry run: a real run refuses this host with:" in out, out
+    assert "host @local: preflight: " in out and "problem(s), nothing was changed:" in out, out
+    assert (
+        "host @local: preflight:   - GPU check: GPUs none: no NVIDIA GPU found (fix: provision "
+        "this host with another stack" in out
+    ), out
+    assert "host @local: preflight:   - OS check: " in out and "is not supported" in out, out
+    assert "— fix: fix each problem above, then re-run" in out, out
+    assert not lock.exists()  # the run lock (the first changing command) was not taken
+    assert "p40fleet verify" not in out  # no verification report: nothing ran
+    assert "Traceback" not in out
+
+
+def test_dry_run_prints_every_spec_problem_in_full(tmp_path):
+    data = (
+        "{'stack': {'cuda': {'sha256': 'abc', 'verison': 'x'}}, 'stack_host': {'user': {'uid': 7}}}"
+    )
+    proc, lock = dry_full(tmp_path, data)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert (
+        "stack spec invalid (3 problems: stack.cuda.sha256, stack.cuda.verison, stack.user.uid): "
+        "this host will be refused" in out
+    ), out
+    assert "[@local] dry run: a real run refuses this host with:" in out, out
+    for line in (
+        "host @local: stack spec: stack.cuda.sha256 = 'abc': expected 64 hex characters",
+        "host @local: stack spec: stack.cuda.verison = 'x': unknown key 'verison' (allowed: ",
+        "host @local: stack spec: stack.user.uid = 7: expected a uid from 1000 to 60000",
+        "the defaults in p40fleet/spec/pins.py are the real pins",
+    ):
+        assert line in out, out
+    assert not lock.exists()

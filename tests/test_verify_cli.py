@@ -21,7 +21,11 @@ from p40fleet import report, verify_cli
 from p40fleet.verification.check import PASS, SKIP, Check
 
 REPO = Path(__file__).resolve().parent.parent
-DEAD = '("deadhost", {"ssh_hostname": "127.0.0.1", "ssh_port": 1})'
+# strict host keys: a host whose key would not be checked is REFUSED (tests/test_verdicts.py)
+DEAD = (
+    '("deadhost", {"ssh_hostname": "127.0.0.1", "ssh_port": 1, '
+    '"ssh_strict_host_key_checking": "yes"})'
+)
 
 
 def run_cli(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -133,9 +137,13 @@ def test_unreachable_host_is_1(tmp_path):
 def test_no_host_reachable_is_1(tmp_path):
     inventory = tmp_path / "inventory.py"
     inventory.write_text(f"hosts = [{DEAD}]\n")
-    proc = run_cli(str(inventory), "-q")
+    out, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    proc = run_cli(str(inventory), "-q", "--json", str(out), "--junit", str(junit))
     assert proc.returncode == 1
     assert "no host could be reached" in proc.stderr
+    # the artifacts CI needs most exactly when every host is down
+    assert json.loads(out.read_text())["hosts"]["deadhost"]["verdict"] == "UNREACHABLE"
+    assert ET.parse(junit).getroot().find("testsuite").get("name") == "deadhost"
 
 
 # --- 0: every host passes (fake pyinfra) ------------------------------------------------------

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from p40fleet.jsonable import ToJson
 from p40fleet.spec import StackSpec
 from p40fleet.training import TrainingTarget
 
@@ -54,7 +55,7 @@ _KV = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
 @dataclass(frozen=True)
-class Section:
+class Section(ToJson):
     """The lines one probe section printed, and its command's exit status."""
 
     rc: int | None = None
@@ -102,7 +103,7 @@ class Section:
 
 
 @dataclass(frozen=True)
-class ProbeAnswers:
+class ProbeAnswers(ToJson):
     """Parsed probe output: sections by name; ``started``/``complete`` say it ran to its end."""
 
     sections: Mapping[str, Section] = field(default_factory=dict)

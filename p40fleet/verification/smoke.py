@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from p40fleet.jsonable import ToJson
 from p40fleet.verification.check import FAIL, PASS, SIMULATED, SKIP, Check
 
 __all__ = [
@@ -176,7 +177,7 @@ def parse_metrics(lines: Iterable[str]) -> dict[int, dict[str, float]]:
 
 
 @dataclass(frozen=True)
-class SmokeRun:
+class SmokeRun(ToJson):
     """What one smoke run said: its keys (``rc``, ``sim``, ...), the trainer's last log lines,
     the step metrics verl logged, and whether the script ran to its end."""
 
