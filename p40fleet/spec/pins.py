@@ -573,6 +573,13 @@ class RayCluster(BaseModel):
     nodes: int | None = Field(default=None, ge=1)
     # Ray's --temp-dir (session dirs, logs); Ray's own default.
     temp_dir: AbsPath = "/tmp/ray"
+    # verify --collective: the TCP port of the all-reduce's rendezvous (a torch.distributed
+    # TCP store the check holds on the head for the time of the check; torchrun's default).
+    collective_port: Port = 29500
+    # verify --collective FAILs when the group's bus bandwidth (nccl-tests' busbw) at the
+    # largest message is under this, in GB/s (1e9 bytes). 0.05 GB/s = 400 Mbit/s: a 1 GbE link
+    # (~0.11 GB/s busbw) passes, a 100 Mbit one does not.
+    collective_min_busbw_gbs: float = Field(default=0.05, gt=0, le=10000)
 
     @model_validator(mode="after")
     def _checks(self) -> RayCluster:
@@ -580,6 +587,15 @@ class RayCluster(BaseModel):
             raise _Problems(
                 [Problem(("dashboard_port",), self.dashboard_port,
                          f"expected a port other than ray.port {self.port}")]
+            )  # fmt: skip
+        taken = {self.port: "ray.port"}
+        if self.dashboard:
+            taken[self.dashboard_port] = "ray.dashboard_port"
+        if self.collective_port in taken:
+            raise _Problems(
+                [Problem(("collective_port",), self.collective_port,
+                         f"expected a port other than {taken[self.collective_port]} "
+                         f"{self.collective_port}")]
             )  # fmt: skip
         return self
 
