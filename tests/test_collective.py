@@ -116,6 +116,8 @@ def test_a_member_that_is_not_in_ray_fails_naming_it():
     assert member.status == FAIL
     assert "10.9.9.9: not an alive node of the Ray cluster at 192.0.2.2:26999" in member.detail
     assert "systemctl status p40fleet-ray` on lab2" in member.remedy
+    assert checks["collective lab1"].status == SKIP  # no rank runs without the whole group
+    assert "the group lacks lab2" in checks["collective lab1"].detail
     group = checks[coll.CHECK]
     assert group.status == FAIL and "lab2 (10.9.9.9) cannot join" in group.detail
 

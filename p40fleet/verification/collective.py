@@ -278,29 +278,30 @@ def collective_checks(
         return [Check(CHECK, FAIL, f"{where} on head {head}: {error}", fix)]
     out: list[Check] = []
     failed: list[str] = []
-    for name, address, why in run.missing:
-        failed.append(f"{name} ({address}) cannot join: {why}")
-        out.append(Check(f"{CHECK} {name}", FAIL,
-                         f"{address}: {why}", _MEMBER_FIX.format(name=name)))  # fmt: skip
-    missing = {name for name, _, _ in run.missing}
+    missing = {name: (address, why) for name, address, why in run.missing}
     for name, address in run.members:
-        if name in missing:
-            continue
         result = run.ranks.get(name)
-        if result is None or (not result.error and len(result.times) < len(SIZES)):
+        if name in missing:
+            why = missing[name][1]
+            failed.append(f"{name} ({address}) cannot join: {why}")
+            fix = _MEMBER_FIX.format(name=name)
+            out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {why}", fix))
+        elif missing:  # the driver starts no rank when a member is not in Ray
+            lacks = ", ".join(missing)
+            out.append(Check(f"{CHECK} {name}", SKIP, f"not run: the group lacks {lacks}"))
+        elif result is None or (not result.error and len(result.times) < len(SIZES)):
             said = result.error if result and result.error else f"no answer within {timeout_s} s"
             failed.append(f"{name} ({address}): {said}")
-            out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {said}",
-                             _no_answer_fix(run, timeout_s)))  # fmt: skip
+            fix = _no_answer_fix(run, timeout_s)
+            out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {said}", fix))
         elif result.error:
             failed.append(f"{name} ({address}): {result.error}")
-            out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {result.error}",
-                             _rank_fix(result.error, name, head)))  # fmt: skip
+            fix = _rank_fix(result.error, name, head)
+            out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {result.error}", fix))
         else:
             numbers = _numbers(result.times, n)
-            out.append(
-                Check(f"{CHECK} {name}", PASS, f"rank {result.rank} at {result.ip}: {numbers}")
-            )
+            detail = f"rank {result.rank} at {result.ip}: {numbers}"
+            out.append(Check(f"{CHECK} {name}", PASS, detail))
     if not run.members:
         return [*out, Check(CHECK, FAIL, f"{where}: the script named no member",
                             _no_answer_fix(run, timeout_s))]  # fmt: skip
