@@ -99,6 +99,7 @@ def test_three_ranks_report_per_node_and_for_the_group():
     # the group's busbw at 64 MiB uses the slowest rank's time (lab3's 0.138314766 s)
     want = coll.busbw_gbs(64 * MIB, 0.138314766, 3)
     assert f"{want:.3f} GB/s @ 64 MiB" in group.detail
+    assert f"(algbw {coll.algbw_gbs(64 * MIB, 0.138314766):.3f})" in group.detail
     assert "gloo (simulated host), 3 node(s) (lab1, lab2, lab3)" in group.detail
     assert "latency 1706 us @ 8 B" in group.detail
 

@@ -231,12 +231,14 @@ def _where(run: CollectiveRun) -> str:
 
 
 def _numbers(times: Sequence[tuple[int, float]], ranks: int) -> str:
-    """``busbw 0.11 GB/s @ 64 MiB, ... ; latency 95 us @ 8 B``."""
+    """``busbw 0.26 GB/s @ 1 MiB, ..., 0.11 GB/s @ 64 MiB (algbw 0.11); latency 95 us @ 8 B``
+    (algbw at the largest size: with one rank, busbw is 0 and algbw still says something)."""
     if not times:
         return "no timings"
     big = [f"{busbw_gbs(b, t, ranks):.3f} GB/s @ {_size(b)}" for b, t in times[1:]]
     small_b, small_t = times[0]
-    bw = f"busbw {', '.join(big)}; " if big else ""
+    large_b, large_t = times[-1]
+    bw = f"busbw {', '.join(big)} (algbw {algbw_gbs(large_b, large_t):.3f}); " if big else ""
     return f"{bw}latency {_latency(small_t)} @ {_size(small_b)}"
 
 
