@@ -11,6 +11,9 @@ there).
 After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) and, when
 ``$P40FLEET_REPORT`` names a file, the JSON report there.
 
+With ``verify_collective`` in the host data, the Ray head also runs one all-reduce over the
+cluster's training nodes (``operations.ray_cluster.collective_checks``).
+
 A host outside the stack (its GPUs, OS, stack spec or verl ref refused, as by
 ``deploy/preflight.py``) is REFUSED: one verdict with the reason and the fix, nothing probed.
 A host with a FAIL or REFUSED gets one operation that fails it without changing anything
@@ -33,7 +36,7 @@ from operations.refuse import refuse
 from p40fleet import preflight, report, sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
-from p40fleet.verification import smoke
+from p40fleet.verification import collective, smoke
 from p40fleet.verification.check import FAIL, Check, simulated_in_inventory, spec_failure
 
 _RESULTS_ATTR = "p40fleet_verify_results"
@@ -121,6 +124,8 @@ def _entry_for_this_host() -> dict:
     if refusals:
         return _refuse([(r.step, r.reason, r.remedy) for r in refusals])
     checks = verify_host(spec) + ray_cluster.verify_checks(spec)
+    if collective.requested(host.data.get(collective.COLLECTIVE_DATA)):
+        checks += ray_cluster.collective_checks(spec)  # on the head: one per node + the group
     failed = [c for c in checks if c.status == FAIL]
     if failed:
         refuse(

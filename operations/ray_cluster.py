@@ -26,6 +26,8 @@ from typing import Any
 from pyinfra import host, inventory
 from pyinfra.api.exceptions import NoGroupError
 
+from facts.collective import CollectiveRunFact, CollectiveTargets
+from facts.conda import env_python
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
 from facts.survey import ask
@@ -44,11 +46,13 @@ from p40fleet.ray import (
     save_members,
 )
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
-from p40fleet.verification.check import FAIL, Check, simulated_in_inventory
+from p40fleet.verification import collective
+from p40fleet.verification.check import FAIL, SKIP, Check, simulated_in_inventory
 from p40fleet.verification.ray_checks import left_out_checks, ray_checks
 
 __all__ = [
     "Membership",
+    "collective_checks",
     "configured",
     "expected_nodes",
     "head_group",
@@ -231,4 +235,51 @@ def verify_checks(spec: StackSpec) -> list[Check]:
         pci_gpus=pci,
         ray_gpus=pci if members.trains(host.name) else 0,  # a head that does not train: 0
         simulated=simulated_in_inventory(host.data),
+    )
+
+
+def _member_address(name: str) -> str:
+    """The address Ray knows a member by: its ``stack.ray.node_ip``, else its ``ssh_hostname``,
+    else its name (the head's driver resolves it)."""
+    member = inventory.get_host(name)
+    try:
+        node_ip = spec_for_host(member).ray.node_ip
+    except SpecError:
+        node_ip = None
+    return str(node_ip or member.data.get("ssh_hostname") or name)
+
+
+def collective_checks(spec: StackSpec) -> list[Check]:
+    """``verify --collective``: the all-reduce over the training nodes, run from the head (one
+    fact there); the head's entry carries one check per node and the group's. A training node
+    that is not the head adds nothing (or a SKIP when the head is not in this run)."""
+    if not configured(spec):
+        return [Check(collective.CHECK, SKIP, "no Ray cluster in this inventory (stack.ray.head "
+                      "or the ray_head group): no nodes to all-reduce over")]  # fmt: skip
+    members = membership(spec)
+    if members.shape is None:
+        return [Check(collective.CHECK, FAIL, f"no cluster plan: {members.problem}", _FULL_RUN)]
+    if host.name != members.head:
+        active = {h.name for h in inventory.get_active_hosts()}
+        if members.trains(host.name) and members.head not in active:
+            return [Check(collective.CHECK, SKIP, f"runs on the Ray head {members.head}, which "
+                          "is not in this run (--limit)")]  # fmt: skip
+        return []
+    try:
+        timeout_s = collective.timeout_from_data(host.data.get(collective.COLLECTIVE_TIMEOUT_DATA))
+    except ValueError as exc:
+        fix = "set it to whole seconds (or leave it out)"
+        return [Check(collective.CHECK, FAIL, str(exc), fix)]
+    targets = CollectiveTargets(
+        user=spec.user.name,
+        python=env_python(spec.env.conda_prefix, spec.env.name),
+        address=members.address,
+        store_host=_head_address(members.head, spec),
+        port=spec.ray.collective_port,
+        members=tuple((name, _member_address(name)) for name in members.shape.members),
+        timeout_s=timeout_s,
+    )
+    run = ask(host, CollectiveRunFact, targets=targets)
+    return collective.collective_checks(
+        run, head=host.name, floor_gbs=spec.ray.collective_min_busbw_gbs, timeout_s=timeout_s
     )

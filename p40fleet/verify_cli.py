@@ -2,12 +2,16 @@
 
     python -m p40fleet.verify INVENTORY [--json PATH] [--junit PATH] [--limit HOST]... [-v] [-q]
                                         [--smoke [--smoke-timeout S]]
+                                        [--collective [--collective-timeout S]]
 
 Runs ``python -m pyinfra -y INVENTORY deploy/verify.py`` (read-only: it changes nothing) with
 the report path in ``$P40FLEET_REPORT``, then prints the fleet table from that report. ``--smoke``
 (host data ``verify_smoke=yes``) adds one PPO step per host that passes the other checks
 (``p40fleet.verification.smoke``): minutes per host, not read-only in /tmp (a scratch dir the
-training user makes and removes). The JSON
+training user makes and removes). ``--collective`` (host data ``verify_collective=yes``) adds,
+on the Ray head, one all-reduce over the cluster's training nodes
+(``p40fleet.verification.collective``): bus bandwidth and latency per node and for the group,
+FAIL under ``stack.ray.collective_min_busbw_gbs`` or when a member cannot join. The JSON
 report carries its provenance (UTC time, inventory, p40fleet version), the pins in force and
 each host's GPUs; ``--junit`` writes the same report as JUnit XML for CI systems.
 
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from p40fleet import report
 from p40fleet.verification import TABLE_ENV
+from p40fleet.verification import collective as coll
 from p40fleet.verification.smoke import CHECK as SMOKE_CHECK
 from p40fleet.verification.smoke import (
     DEFAULT_TIMEOUT_S,
@@ -112,6 +117,19 @@ def _parser() -> argparse.ArgumentParser:
         help=f"bound of one smoke step in seconds (default {DEFAULT_TIMEOUT_S}: a cold start)",
     )
     parser.add_argument(
+        "--collective",
+        action="store_true",
+        help="also run, on the Ray head, one all-reduce over the cluster's training nodes "
+        "(NCCL; gloo on simulated hosts): bus bandwidth, latency, FAIL under the floor",
+    )
+    parser.add_argument(
+        "--collective-timeout",
+        metavar="S",
+        type=int,
+        default=None,
+        help=f"bound of the collective check in seconds (default {coll.DEFAULT_TIMEOUT_S})",
+    )
+    parser.add_argument(
         "-v", "--verbose", action="store_true", help="one table row per check, PASS included"
     )
     parser.add_argument(
@@ -150,8 +168,11 @@ def pyinfra_command(
     limits: Sequence[str] = (),
     smoke: bool = False,
     smoke_timeout: int | None = None,
+    collective: bool = False,
+    collective_timeout: int | None = None,
 ) -> list[str]:
-    """The pyinfra command line the CLI runs (``smoke``: host data ``verify_smoke=yes``)."""
+    """The pyinfra command line the CLI runs (``smoke``: host data ``verify_smoke=yes``;
+    ``collective``: ``verify_collective=yes``)."""
     # config.py installs p40fleet.sshguard before pyinfra connects: a host whose key would
     # not be checked gets no connection at all (security S17).
     command = [sys.executable, "-m", "pyinfra", "-y", "--config", str(REPO / "config.py")]
@@ -160,6 +181,10 @@ def pyinfra_command(
         command += ["--data", f"{SMOKE_DATA}=yes"]
         if smoke_timeout is not None:
             command += ["--data", f"{SMOKE_TIMEOUT_DATA}={smoke_timeout}"]
+    if collective:
+        command += ["--data", f"{coll.COLLECTIVE_DATA}=yes"]
+        if collective_timeout is not None:
+            command += ["--data", f"{coll.COLLECTIVE_TIMEOUT_DATA}={collective_timeout}"]
     if not inventory.startswith("@") and not Path(inventory).is_file():
         # A host list carries no host data: pyinfra's default would trust the first key it
         # sees (accept-new). Strict checking holds for host lists too (security S17).
@@ -220,6 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(
                 f"--smoke-timeout {args.smoke_timeout}: expected seconds >= {MIN_TIMEOUT_S}"
             )
+        if args.collective_timeout is not None and not args.collective:
+            raise UsageError("--collective-timeout needs --collective")
+        if args.collective_timeout is not None and args.collective_timeout < coll.MIN_TIMEOUT_S:
+            raise UsageError(
+                f"--collective-timeout {args.collective_timeout}: expected seconds >= "
+                f"{coll.MIN_TIMEOUT_S}"
+            )
     except UsageError as exc:
         return _fail(str(exc))
     if importlib.util.find_spec("pyinfra") is None:
@@ -232,7 +264,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="p40fleet-verify-") as tmp:
         report_path = Path(tmp) / "report.json"
-        command = pyinfra_command(inventory, args.limit, args.smoke, args.smoke_timeout)
+        command = pyinfra_command(
+            inventory,
+            args.limit,
+            args.smoke,
+            args.smoke_timeout,
+            args.collective,
+            args.collective_timeout,
+        )
         try:
             rc, tail = _run_pyinfra(command, _env(report_path, inventory), args.quiet)
         except OSError as exc:
@@ -252,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.print_report(fleet, verbose=args.verbose)
     if args.smoke:
         _print_smoke(fleet)
+    if args.collective:
+        _print_collective(fleet)
     if json_path is not None:
         print(f"report: {json_path}")
     if junit_path is not None:
@@ -276,6 +317,19 @@ def _print_smoke(fleet: dict) -> None:
             if check.get("name") == SMOKE_CHECK:
                 fix = f" (fix: {check['remedy']})" if check.get("remedy") else ""
                 print(f"smoke step {name}: {check['status']} {check['detail']}{fix}")
+
+
+def _print_collective(fleet: dict) -> None:
+    """The collective check's lines (per node, then the group), from the head's entry."""
+    printed = False
+    for name, entry in sorted((fleet.get("hosts") or {}).items()):
+        for check in entry.get("checks") or []:
+            if check.get("name", "").split(" ")[0] == coll.CHECK:
+                fix = f" (fix: {check['remedy']})" if check.get("remedy") else ""
+                print(f"{check['name']} [{name}]: {check['status']} {check['detail']}{fix}")
+                printed = True
+    if not printed:
+        print("collective: no host reported it (the Ray head was not verified)")
 
 
 def _no_report(rc: int, tail: list[str], quiet: bool) -> int:

@@ -21,6 +21,7 @@ from pyinfra.api import FactBase
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
+from facts.collective import CollectiveRunFact, CollectiveTargets
 from facts.conda import EnvPython
 from facts.smoke import SmokeStep, SmokeTargets
 from facts.verify import VerifyProbe, render_probe
@@ -76,6 +77,10 @@ def _under_home_args(cls: type[FactBase]) -> dict:
         return {"targets": ProbeTargets(**args)}
     if cls is SmokeStep:  # the same, plus its two numbers
         return {"targets": SmokeTargets(**dict(args, gpus=1, timeout_s=600))}
+    if cls is CollectiveRunFact:  # the env's python under the home, plus the cluster
+        return {"targets": CollectiveTargets(**dict(args, store_host="10.0.0.1", port=29500,
+                                                    members=(("a", "10.0.0.2"),),
+                                                    timeout_s=180))}  # fmt: skip
     return args
 
 
@@ -85,6 +90,8 @@ def _command_params(cls: type[FactBase]) -> set[str]:
         return set(ProbeTargets._fields)
     if cls is SmokeStep:
         return set(SmokeTargets._fields) - {"gpus", "timeout_s"}
+    if cls is CollectiveRunFact:
+        return set(CollectiveTargets._fields) - {"store_host", "port", "members", "timeout_s"}
     return set(inspect.signature(cls.command).parameters) - {"self"}
 
 
@@ -110,7 +117,8 @@ def test_every_fact_that_takes_a_home_path_runs_as_the_training_user():
             continue  # mixes root's sections with the user's: see the probe tests below
         assert _wrapped(command), f"{cls.__name__} touches {HOME} outside the privilege drop"
         checked.append(cls.__name__)
-    assert {"CondaInstall", "EnvPython", "GitCheckout", "RayStatus", "ModelConfig"} <= set(checked)
+    assert {"CondaInstall", "EnvPython", "GitCheckout", "RayStatus", "ModelConfig",
+            "CollectiveRunFact"} <= set(checked)  # fmt: skip
 
 
 def test_no_fact_runs_without_a_user():

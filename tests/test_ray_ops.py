@@ -382,3 +382,44 @@ def test_an_ipv6_head_is_dialled_in_brackets(fleet):
     ray_cluster, members = fleet({"lab1": [P40] * 4, "lab2": [P40] * 4})
     members["lab1"].data = {"ssh_hostname": "2001:db8::11"}
     assert ray_cluster.membership(SPEC).address == "[2001:db8::11]:6379"
+
+
+def test_the_collective_runs_on_the_head_over_the_training_nodes(fleet, monkeypatch):
+    """verify --collective: the head asks one all-reduce over the plan's training nodes (their
+    Ray addresses, rank order = the plan's), the rendezvous on the head's address and the
+    pinned port; another member adds nothing; a run without the head says where it runs."""
+    from facts.collective import CollectiveRunFact
+    from p40fleet.verification import collective
+
+    two = {"lab1": [P40] * 2, "lab2": [P40] * 2, "lab3": [P100]}  # 2 nodes x 2 P40 train
+    ray_cluster, members = fleet(two)
+    head = members["lab1"]
+    asked = []
+
+    def get_fact(cls, **kwargs):
+        if cls is CollectiveRunFact:
+            asked.append(kwargs["targets"])
+            return collective.parse_collective(
+                ["@@p40fleet-collective 1", "sim=yes", "backend=gloo", "@@member lab1 10.0.0.1",
+                 "@@member lab2 10.0.0.2", "@@missing lab2 10.0.0.2 not an alive node", "@@end"]
+            )  # fmt: skip
+        return _Member.get_fact(head, cls, **kwargs)
+
+    monkeypatch.setattr(head, "get_fact", get_fact)
+    monkeypatch.setattr(ray_cluster, "host", head)
+    checks = ray_cluster.collective_checks(SPEC)
+    (targets,) = asked
+    assert targets.members == (("lab1", "10.0.0.1"), ("lab2", "10.0.0.2"))  # lab3 left out
+    assert (targets.address, targets.store_host, targets.port) == ("10.0.0.1:6379", "10.0.0.1",
+                                                                    29500)  # fmt: skip
+    assert targets.user == SPEC.user.name and targets.python.endswith("/bin/python")
+    assert [(c.name, c.status) for c in checks] == [
+        ("collective lab1", "SKIP"), ("collective lab2", "FAIL"), ("collective", "FAIL")
+    ]  # fmt: skip
+    assert checks[-1].status == "FAIL" and "lab2 (10.0.0.2) cannot join" in checks[-1].detail
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    assert ray_cluster.collective_checks(SPEC) == []
+    limited, members = fleet(two, active=["lab2"])  # lab1 out of this run: sized from the record
+    monkeypatch.setattr(limited, "host", members["lab2"])
+    (skip,) = limited.collective_checks(SPEC)
+    assert skip.status == "SKIP" and "runs on the Ray head lab1" in skip.detail

@@ -169,10 +169,12 @@ def fake_pyinfra(tmp_path, monkeypatch):
     script = tmp_path / "fake_pyinfra.py"
     script.write_text(FAKE_PYINFRA)
 
-    def command(inventory, limits=(), smoke=False, smoke_timeout=None):
+    def command(inventory, limits=(), smoke=False, smoke_timeout=None, collective=False,
+                collective_timeout=None):  # fmt: skip
         args = [sys.executable, str(script), inventory]
         for limit in limits:
             args += ["--limit", limit]
+        args += ["--data", "verify_collective=yes"] if collective else []
         return args + (["--data", "verify_smoke=yes"] if smoke else [])
 
     monkeypatch.setattr(verify_cli, "pyinfra_command", command)

@@ -608,6 +608,13 @@ class RayCluster(BaseModel):
     # installed, as it is with ray[default]); with token authentication it asks for the token.
     client_server: bool = False
     client_server_port: Port = 10001
+    # verify --collective: the TCP port of the all-reduce's rendezvous (a torch.distributed
+    # TCP store the check holds on the head for the time of the check; torchrun's default).
+    collective_port: Port = 29500
+    # verify --collective FAILs when the group's bus bandwidth (nccl-tests' busbw) at the
+    # largest message is under this, in GB/s (1e9 bytes). 0.05 GB/s = 400 Mbit/s: a 1 GbE link
+    # (~0.11 GB/s busbw) passes, a 100 Mbit one does not.
+    collective_min_busbw_gbs: float = Field(default=0.05, gt=0, le=10000)
 
     @model_validator(mode="after")
     def _checks(self) -> RayCluster:
@@ -617,6 +624,15 @@ class RayCluster(BaseModel):
                 Problem(("client_server_port",), self.client_server_port,
                         f"expected a port other than ray.port {self.port} and "
                         f"ray.dashboard_port {self.dashboard_port}")
+            )  # fmt: skip
+        taken = {self.port: "ray.port"}
+        if self.dashboard:
+            taken[self.dashboard_port] = "ray.dashboard_port"
+        if self.collective_port in taken:
+            problems.append(
+                Problem(("collective_port",), self.collective_port,
+                        f"expected a port other than {taken[self.collective_port]} "
+                        f"{self.collective_port}")
             )  # fmt: skip
         if self.dashboard and self.dashboard_port == self.port:
             problems.append(

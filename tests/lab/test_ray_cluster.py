@@ -6,6 +6,8 @@ One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inven
 ``deploy/ray.py``. The measured times are printed (``pytest -s``). The cluster plan
 (``operations.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
 lab1 plans the same cluster from the full run's record, and a full run after it changes nothing.
+``verify --collective`` measures gloo over the lab bridge between the 3 training nodes (PASS at
+the default floor), and FAILs naming lab2 when lab2's Ray member is stopped.
 """
 
 from __future__ import annotations
@@ -149,13 +151,34 @@ def test_a_client_without_the_clusters_token_is_refused(cluster, monkeypatch):
     assert "Environment=RAY_AUTH_MODE=token" in unit and f"EnvironmentFile={TOKEN_FILE}" in unit
 
 
-def test_verify_sees_the_cluster_and_skips_gpus_on_simulated_hosts(cluster, tmp_path):
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "p40fleet.verify", runs.SIM_INVENTORY, "--json", str(report)],
+def verify(report: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "p40fleet.verify", runs.SIM_INVENTORY, "--json", str(report),
+         *args],
         cwd=runs.REPO, capture_output=True, text=True, timeout=900, env={**os.environ, **ENV},
     )  # fmt: skip
+
+
+def test_verify_sees_the_cluster_and_skips_gpus_on_simulated_hosts(cluster, tmp_path):
+    """The same run measures the all-reduce over the 3 training nodes (``--collective``): gloo
+    over the lab bridge, one row per node and the group's on the head (lab1)."""
+    report = tmp_path / "report.json"
+    t0 = time.monotonic()
+    proc = verify(report, "--collective")
+    print(f"\nray: verify --collective over 3 hosts {time.monotonic() - t0:.1f} s")
+    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("collective")))
     data = json.loads(report.read_text())
+    head = {c["name"]: c for c in data["hosts"]["lab1"]["checks"]}
+    for name in HOSTS:
+        node = head[f"collective {name}"]
+        assert node["status"] == "PASS", node
+        assert "GB/s @ 64 MiB" in node["detail"] and "latency" in node["detail"]
+    group = head["collective"]
+    assert group["status"] == "PASS", group
+    assert group["detail"].startswith("gloo (simulated host), 3 node(s) (lab1, lab2, lab3)")
+    assert ">= floor 0.05 GB/s @ 64 MiB" in group["detail"]
+    for name in ("lab2", "lab3"):  # the head reports it; the other members add nothing
+        assert not any(c["name"].startswith("collective") for c in data["hosts"][name]["checks"])
     for name in HOSTS:
         checks = {c["name"]: c for c in data["hosts"][name]["checks"]}
         assert checks["ray service"]["status"] == "PASS", checks["ray service"]
@@ -224,3 +247,31 @@ def test_rebooted_worker_rejoins(cluster):
     assert old not in active_nodes(lab)
     state = lab.ssh("lab3", f"systemctl is-active {UNIT}")
     assert state.stdout.strip() == "active"
+
+
+def test_collective_fails_naming_a_stopped_member(cluster, tmp_path):
+    """lab2's Ray member stopped: the head's all-reduce FAILs, within its bound, naming lab2
+    and its address (a run limited to the head: the members come from the full run's record)."""
+    lab = cluster["lab"]
+    lab.ssh("lab2", f"systemctl stop {UNIT}", check=True)
+    try:
+        assert wait_for(lambda: len(active_nodes(lab)) == 2, timeout=120) is not None
+        report = tmp_path / "report.json"
+        t0 = time.monotonic()
+        proc = verify(report, "--limit", "lab1", "--collective", "--collective-timeout", "60")
+        seconds = time.monotonic() - t0
+        print(f"\nray: verify --collective with lab2 stopped {seconds:.1f} s")
+        print("\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith("collective")))
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+        checks = {c["name"]: c for c in json.loads(report.read_text())["hosts"]["lab1"]["checks"]}
+        member = checks["collective lab2"]
+        assert member["status"] == "FAIL"
+        assert (
+            f"{host_ip(2)}: not an alive node of the Ray cluster at {ADDRESS}" in member["detail"]
+        )
+        assert "on lab2" in member["remedy"]
+        group = checks["collective"]
+        assert group["status"] == "FAIL" and f"lab2 ({host_ip(2)}) cannot join" in group["detail"]
+        assert seconds < 300
+    finally:
+        lab.ssh("lab2", f"systemctl start {UNIT}")
