@@ -100,16 +100,25 @@ def _account_gone(account: str) -> str:
     """Shell: no process of ``account`` is left (SIGKILL until none, bounded), its crontab and
     its files in the shared tmp dirs are removed, then the account and its group. Nothing it
     started (a daemon, a cron job) outlives the build or waits for the next account of the
-    name or uid."""
+    name or uid. Only this system's processes: those in root's own mount namespace with the
+    account's uid (``pkill -u`` would also kill a container's processes that run as the same
+    number, e.g. uid 999 in a Docker image, and every nested namespace's)."""
     a = _sq(account)
+    pids = (
+        "p40fleet_pids() { _me=$(readlink /proc/$$/ns/mnt); _n=$(id -u " + a + "); "
+        'for _d in /proc/[0-9]*; do [ "$(stat -c %u "$_d" 2>/dev/null)" = "$_n" ] || continue; '
+        '[ "$(readlink "$_d/ns/mnt" 2>/dev/null)" = "$_me" ] && echo "${_d#/proc/}"; '
+        "done; true; }; "
+    )
     return (
-        f"if id -u {a} >/dev/null 2>&1; then i=0; while pgrep -u {a} >/dev/null; do "
-        f"pkill -KILL -u {a}; i=$((i+1)); if [ $i -gt 100 ]; then "
+        f"if id -u {a} >/dev/null 2>&1; then {pids}i=0; "
+        'while _p=$(p40fleet_pids) && [ -n "$_p" ]; do '
+        "kill -KILL $_p 2>/dev/null; i=$((i+1)); if [ $i -gt 100 ]; then "
         f"echo {_sq(f'apex build: processes of {account} survive SIGKILL: refused')} >&2; "
         f"exit 1; fi; sleep 0.1; done; crontab -r -u {a} >/dev/null 2>&1 || true; "
         f"find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -user {a} "
         "-exec rm -rf -- {} + 2>/dev/null || true; "
-        f"userdel {a} || exit 1; fi; "
+        f"userdel -f {a} || exit 1; fi; "  # -f: a container's process of the uid stays
         f"if getent group {a} >/dev/null; then groupdel {a} || exit 1; fi"
     )
 

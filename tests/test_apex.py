@@ -331,8 +331,9 @@ def test_build_runs_as_a_fresh_build_account_from_a_snapshot_and_root_takes_the_
     commands = _build_op().commands
     prepare, snapshot, *steps = [c for c in commands if not c.startswith("function ")]
     # a system account with no login shell, created afresh (a leftover killed and removed)
-    assert prepare.index(f"pkill -KILL -u {ACCOUNT}") < prepare.index(f"userdel {ACCOUNT}")
-    assert prepare.index(f"userdel {ACCOUNT}") < prepare.index(f"rm -rf {BUILD} ")
+    assert prepare.index("kill -KILL $_p") < prepare.index(f"userdel -f {ACCOUNT}")
+    assert "pkill" not in prepare  # only this system's processes (its mount namespace)
+    assert prepare.index(f"userdel -f {ACCOUNT}") < prepare.index(f"rm -rf {BUILD} ")
     assert (
         f"useradd --system --user-group --no-create-home --home-dir {BUILD} "
         f"--shell /usr/sbin/nologin {ACCOUNT}" in prepare
@@ -355,7 +356,7 @@ def test_build_runs_as_a_fresh_build_account_from_a_snapshot_and_root_takes_the_
     # root, after the build: account gone, then its own copy and its own sum of that copy
     staged = apex_build.built_tar(STAGE_DIR, "K")
     assert not collect.startswith("su ") and "su -s" not in collect
-    assert collect.index(f"userdel {ACCOUNT}") < collect.index(f"cp -- {BUILD}/apex-wheel.tar")
+    assert collect.index(f"userdel -f {ACCOUNT}") < collect.index(f"cp -- {BUILD}/apex-wheel.tar")
     assert f"cp -- {BUILD}/apex-wheel.tar {staged} && sha256sum {staged} | cut -c1-64 >" in collect
     assert collect.endswith(f"rm -rf {BUILD} || exit 1; exit $rc")
 
@@ -640,8 +641,9 @@ def _build_for_real(tmp_path, textwrap):
     subprocess.run(["cp", "-a", "/etc", str(tmp_path / "etc")], check=True)
     inner = (f"mount --bind {tmp_path}/etc /etc && sh {tmp_path}/build.sh; rc=$?; "
              f"getent passwd {ACCOUNT}; getent group {ACCOUNT}; exit $rc")  # fmt: skip
-    out = subprocess.run(["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True,
-                         timeout=300)  # fmt: skip
+    # its own pid namespace too: the build's clean-up never sees another process of the uid
+    out = subprocess.run(["unshare", "-m", "--pid", "--fork", "--mount-proc", "sh", "-c", inner],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     assert ACCOUNT not in out.stdout  # account and group removed after the build
     assert "PLANTED" in subprocess.run([f"{env}/bin/python", "-c", ""], capture_output=True,
@@ -653,3 +655,25 @@ def _build_for_real(tmp_path, textwrap):
     assert apex_build.recorded_sum(f"{tar}.sha256") == apex_build.sha256_of(str(tar))
     assert apex_build.complete_wheel_tar(str(tar)) is None
     assert os.stat(tar).st_uid == 0 and os.stat(f"{tar}.sha256").st_uid == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root, unshare -m and useradd")
+def test_the_build_accounts_clean_up_kills_only_this_systems_processes(tmp_path):
+    """A process of the build account's uid in another mount namespace (a container's user of
+    the same number, a lab host) is left alone; this system's are killed. Run in a private pid
+    and mount namespace with a copy of /etc: nothing outside the test is seen or touched."""
+    subprocess.run(["cp", "-a", "/etc", str(tmp_path / "etc")], check=True)
+    gone = apex._account_gone(ACCOUNT)
+    inner = (
+        f"mount --bind {tmp_path}/etc /etc && useradd --system --no-create-home {ACCOUNT} && "
+        f"n=$(id -u {ACCOUNT}) && "
+        f"(unshare -m runuser -u {ACCOUNT} -- sleep 300 &) && "
+        f"(runuser -u {ACCOUNT} -- sleep 301 &) && sleep 0.5 && {gone}; "
+        f'echo left:; pgrep -u "$n" -a; getent passwd {ACCOUNT}; pkill -u "$n"; true'
+    )
+    out = subprocess.run(["unshare", "-m", "--pid", "--fork", "--mount-proc", "sh", "-c", inner],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    left = out.stdout.split("left:", 1)[-1]
+    assert "sleep 300" in left and "sleep 301" not in left, out.stdout + out.stderr
+    # pkill -u (before) took the other namespace's process too, and userdel then refused
+    assert f"{ACCOUNT}:" not in left  # the account removed
