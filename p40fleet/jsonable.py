@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Set
+from datetime import date, datetime
 from typing import Any
 
 __all__ = ["NameSet", "ToJson", "plain"]
 
 
 def plain(value: Any) -> Any:
-    """``value`` as JSON's types: dataclasses as dicts, sets sorted, mappings with str keys."""
+    """``value`` as JSON's types: dataclasses as dicts, sets sorted, mappings with str keys,
+    times in ISO 8601."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
@@ -33,6 +35,8 @@ def plain(value: Any) -> Any:
             return items
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
     return value
 
 

@@ -148,11 +148,15 @@ def test_readme_multi_node_command_is_what_runs(compose_overrides):
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme[readme.index("## Training on the fleet") :]
-    lines = [line for line in section.splitlines() if line.startswith("RAY_ADDRESS=")]
-    assert len(lines) == 1, lines
-    words = lines[0].split()
-    assert words[:2] == ["RAY_ADDRESS=gpu1:6379", "~/launch-ppo.sh"]
-    args = words[2:]
+    # one command block: root hands the cluster's token and RAY_ADDRESS to the training user's
+    # ~/launch-ppo.sh (the cluster refuses a driver without the token)
+    start = section.index("# as root on the head: the training user's driver gets the cluster")
+    block = section[start : section.index("```", start)].replace("\\\n", " ")
+    words = block.split()
+    assert "RAY_ADDRESS=gpu1:6379;" in words and ". /etc/p40fleet/ray-auth.env;" in block
+    assert words[words.index("runuser") : words.index("runuser") + 3] == ["runuser", "-l", "verl"]
+    assert "RAY_AUTH_MODE,RAY_AUTH_TOKEN,RAY_ADDRESS" in words
+    args = words[words.index("./launch-ppo.sh'") + 1 :]
     shape = cluster_shape({"gpu1": [P40] * 4, "gpu2": [P40] * 4, "gpu3": [P40] * 4})
     plan = plan_launch(load_spec("lab1", {}), [P40] * 4, cluster=shape)
     cfg = compose_overrides([*plan.overrides, *args])

@@ -9,6 +9,7 @@ every fact class of ``facts/`` a walk of the type it declares.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import inspect
 import json
@@ -125,6 +126,8 @@ def _unserialisable(kind, module: str, seen: set, plain: bool = False) -> list[s
     if isinstance(kind, type) and hasattr(kind, "to_json"):
         return []
     if plain and isinstance(kind, type) and issubclass(kind, (Mapping, Set, Sequence)):
+        return []
+    if plain and kind in (datetime.date, datetime.datetime):  # plain() writes ISO 8601
         return []
     return [] if kind in _JSON else [repr(kind)]
 

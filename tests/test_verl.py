@@ -259,8 +259,9 @@ def test_a_ref_starting_with_a_dash_never_reaches_git():
                facts={GitCheckout: GitState(False)})  # fmt: skip
     assert r.commands == ["function _fail"]
     assert f"verl checkout: ref '{ref}' starts with '-'" in r.failures[0]
-    r = run_op(apex.build_wheel, python=PY, remote="http://m/git/apex.git", ref=ref,
-               commit="4" * 40, work_dir="/w", cuda_home="/usr/local/cuda-11.8",
-               arch_list="6.1", max_jobs=1, cuda_ext=True, facts={File: None})  # fmt: skip
+    r = run_op(apex.build_wheel, python=PY, env_dir=PY.rsplit("/bin/", 1)[0],
+               remote="http://m/git/apex.git", ref=ref, commit="4" * 40, key="K",
+               cuda_home="/usr/local/cuda-11.8", arch_list="6.1", max_jobs=1, cuda_ext=True,
+               user="verl", facts={File: None})  # fmt: skip
     assert r.commands == ["function _fail"]
     assert "stack.apex.ref" in r.failures[0]

@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from p40fleet.jsonable import ToJson
 from p40fleet.verification.check import FAIL, PASS, SIMULATED, SKIP, Check
 
 __all__ = [
@@ -133,7 +134,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclass(frozen=True)
-class RankResult:
+class RankResult(ToJson):
     """One rank's answer: its rank and node IP, its mean time per size, or its error."""
 
     name: str
@@ -144,7 +145,7 @@ class RankResult:
 
 
 @dataclass(frozen=True)
-class CollectiveRun:
+class CollectiveRun(ToJson):
     """What one collective run said."""
 
     values: Mapping[str, str] = field(default_factory=dict)
