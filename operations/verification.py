@@ -241,6 +241,8 @@ class _VerifyAfterLastOperation(BaseStateCallback):
         stops with "No hosts remaining!"): the report still says each host's verdict."""
         if getattr(state, _FINISHED_ATTR, False) or not state.is_executing:
             return  # reported already, or nothing ran (--dry, or pyinfra stopped before)
+        if any(target not in state.failed_hosts for target in state.activated_hosts):
+            return  # a host that goes on (one the deploy reboots disconnects, then comes back)
         setattr(state, _FINISHED_ATTR, True)
         specs: dict = getattr(state, _SPECS_ATTR)
         entries = {

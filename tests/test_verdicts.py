@@ -194,3 +194,28 @@ def test_connect_entry_words():
     assert refused["verdict"] == "REFUSED"
     assert refused["checks"][0]["detail"] == "key not checked"
     assert refused["checks"][0]["remedy"] == sshguard.HOST_KEY_REMEDY
+
+
+def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
+    """pyinfra's reboot disconnects the host mid-run (``host_disconnect``): that is not the end
+    of the run, only every activated host failed or refused is ("No hosts remaining!")."""
+    from types import SimpleNamespace
+
+    from operations import verification
+
+    class Host(SimpleNamespace):
+        __hash__ = object.__hash__
+
+    written = []
+    monkeypatch.setattr(verification, "finish", lambda entries: written.append(entries))
+    lab1, lab2 = Host(name="lab1"), Host(name="lab2")
+    state = SimpleNamespace(is_executing=True, activated_hosts={lab1, lab2}, failed_hosts=set(),
+                            inventory=[lab1, lab2])  # fmt: skip
+    setattr(state, verification._SPECS_ATTR, {"lab1": None, "lab2": None})
+    callback = verification._VerifyAfterLastOperation.host_disconnect
+    callback(state, lab1)  # lab1 reboots; lab2 goes on
+    assert written == [] and not getattr(state, verification._FINISHED_ATTR, False)
+    state.failed_hosts = {lab1, lab2}  # every host failed or was refused: the run ends here
+    monkeypatch.setattr(verification, "_unprobed_entry", lambda target, specs: {"h": target.name})
+    callback(state, lab1)
+    assert written == [{"lab1": {"h": "lab1"}, "lab2": {"h": "lab2"}}]
