@@ -120,9 +120,10 @@ class Lab:
         from p40lab import hosts
 
         argv = hosts.ssh_argv(self.host(host), cmd, user=user)
+        # input, or stdin from /dev/null: never both keys (some Pythons refuse stdin=None too)
+        feed = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
         proc = subprocess.run(
-            argv, input=input, capture_output=True, text=True, timeout=timeout,
-            stdin=None if input is not None else subprocess.DEVNULL,
+            argv, capture_output=True, text=True, timeout=timeout, **feed
         )  # fmt: skip
         if check and proc.returncode != 0:
             raise AssertionError(
