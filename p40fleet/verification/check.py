@@ -104,3 +104,22 @@ def spec_failure(lines: Iterable[str]) -> list[Check]:
 def no_answer(name: str, what: str, remedy: str) -> Check:
     """The FAIL of a check whose probe section is missing."""
     return Check(name, FAIL, f"the probe gave no answer for {what}", remedy)
+
+
+def data_flag(value: object) -> bool:
+    """Whether a host-data switch (``verify_smoke``, ``verify_collective``) is on: ``--data``
+    gives a string."""
+    return value is True or str(value).strip().lower() in ("1", "yes", "true", "on")
+
+
+def seconds_from_data(value: object, key: str, default: int, minimum: int) -> int:
+    """A bound from host data ``key`` (None or "": ``default``); raises ValueError naming the
+    key for anything but whole seconds >= ``minimum``."""
+    if value is None or value == "":
+        return default
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < minimum:
+        raise ValueError(
+            f"{key}={value!r}: expected whole seconds >= {minimum} (default {default})"
+        )
+    return int(text)

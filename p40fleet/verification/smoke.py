@@ -24,7 +24,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from p40fleet.jsonable import ToJson
-from p40fleet.verification.check import FAIL, PASS, SIMULATED, SKIP, Check
+from p40fleet.verification.check import (
+    FAIL,
+    PASS,
+    SIMULATED,
+    SKIP,
+    Check,
+    data_flag,
+    seconds_from_data,
+)
 
 __all__ = [
     "CHECK",
@@ -70,22 +78,13 @@ MIN_TIMEOUT_S = 30
 
 
 def requested(value: object) -> bool:
-    """Whether host data ``verify_smoke`` asks for the step (``--data`` gives a string)."""
-    return value is True or str(value).strip().lower() in ("1", "yes", "true", "on")
+    """Whether host data ``verify_smoke`` asks for it."""
+    return data_flag(value)
 
 
 def timeout_from_data(value: object) -> int:
-    """The bound from host data ``verify_smoke_timeout`` (None or "": the default); raises
-    ValueError naming the key for anything but whole seconds >= :data:`MIN_TIMEOUT_S`."""
-    if value is None or value == "":
-        return DEFAULT_TIMEOUT_S
-    text = str(value).strip()
-    if not text.isdigit() or int(text) < MIN_TIMEOUT_S:
-        raise ValueError(
-            f"{SMOKE_TIMEOUT_DATA}={value!r}: expected whole seconds >= {MIN_TIMEOUT_S} "
-            f"(default {DEFAULT_TIMEOUT_S})"
-        )
-    return int(text)
+    """The bound from host data ``verify_smoke_timeout`` (:func:`check.seconds_from_data`)."""
+    return seconds_from_data(value, SMOKE_TIMEOUT_DATA, DEFAULT_TIMEOUT_S, MIN_TIMEOUT_S)
 
 
 def gpus_per_node(overrides: Iterable[str]) -> int:
