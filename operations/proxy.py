@@ -35,22 +35,7 @@ def credentials(proxy: Proxy | None = None):
         elif proxy is not None:
             host.noop("the proxy has no password: nothing to keep on the host")
         return
-    text = file_text(proxy)
-    if same_file(PROXY_FILE, text.encode(), user="root", group="root", mode="600"):
-        return
-    # Never readable by others, not even between the upload and its chmod: a root-only dir, and
-    # the file made 0600 before the upload writes into it (pyinfra's sudo upload cp's into it,
-    # which keeps the mode). What stays: with sudo, pyinfra's temporary copy in its temp dir
-    # lives (as the connecting user, mode per its umask) for the upload's two commands.
-    yield StringCommand(
-        "install -d -m 700 -o root -g root", QuoteString(PROXY_DIR),
-        "&& ( umask 077 && touch", QuoteString(PROXY_FILE), ") && chmod 600",
-        QuoteString(PROXY_FILE),
-    )  # fmt: skip
-    yield from files.put._inner(
-        src=StringIO(text), dest=PROXY_FILE, user="root", group="root", mode="600",
-        add_deploy_dir=False,
-    )  # fmt: skip
+    yield from root_secret(PROXY_DIR, PROXY_FILE, file_text(proxy))
 
 
 def first_time(state, host_name: str) -> bool:
@@ -63,3 +48,22 @@ def first_time(state, host_name: str) -> bool:
         return False
     done.add(host_name)
     return True
+
+
+def root_secret(directory: str, path: str, text: str):
+    """Yield what makes ``path`` (in the root-only ``directory``) hold ``text``, root:root
+    0600; nothing when it does. Never readable by others, not even between the upload and its
+    chmod: the dir 0700, and the file made 0600 before the upload writes into it (pyinfra's
+    sudo upload cp's into it, which keeps the mode). What stays: with sudo, pyinfra's temporary
+    copy in its temp dir lives (as the connecting user, mode per its umask) for the upload's
+    two commands."""
+    if same_file(path, text.encode(), user="root", group="root", mode="600"):
+        return
+    yield StringCommand(
+        "install -d -m 700 -o root -g root", QuoteString(directory),
+        "&& ( umask 077 && touch", QuoteString(path), ") && chmod 600", QuoteString(path),
+    )  # fmt: skip
+    yield from files.put._inner(
+        src=StringIO(text), dest=path, user="root", group="root", mode="600",
+        add_deploy_dir=False,
+    )  # fmt: skip

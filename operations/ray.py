@@ -18,18 +18,17 @@ line: it travels only as the upload's content.
 from __future__ import annotations
 
 import hashlib
-from io import StringIO
 from pathlib import Path
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import files, systemd
 
 from facts.ray import HasSystemd
 from facts.survey import ask
+from operations.proxy import root_secret
 from operations.refuse import refuse
-from operations.survey import same_file
 from p40fleet.ray import (
     TOKEN_DIR,
     TOKEN_FILE,
@@ -103,20 +102,8 @@ def ray_member(plan: RayPlan):
 
 
 def _token_file(text: str):
-    """Yield what makes ``TOKEN_FILE`` hold ``text``, root:root 0600 (nothing when it does).
-    Never readable by others, not even between the upload and its chmod: a root-only dir, and
-    the file made 0600 before the upload writes into it (as operations.proxy.credentials)."""
-    if same_file(TOKEN_FILE, text.encode(), user="root", group="root", mode="600"):
-        return
-    yield StringCommand(
-        "install -d -m 700 -o root -g root", QuoteString(TOKEN_DIR),
-        "&& ( umask 077 && touch", QuoteString(TOKEN_FILE), ") && chmod 600",
-        QuoteString(TOKEN_FILE),
-    )  # fmt: skip
-    yield from files.put._inner(
-        src=StringIO(text), dest=TOKEN_FILE, user="root", group="root", mode="600",
-        add_deploy_dir=False,
-    )  # fmt: skip
+    """Yield what makes ``TOKEN_FILE`` hold ``text``, root:root 0600 (nothing when it does)."""
+    yield from root_secret(TOKEN_DIR, TOKEN_FILE, text)
 
 
 @operation()
