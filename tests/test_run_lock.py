@@ -37,6 +37,11 @@ def holder_text(controller="ctl", pid=7, run="run-a", host="lab2", since="2026-1
     return "\n".join(Holder(controller, pid, run, host, since, boot, controller_id).lines())
 
 
+def recent() -> str:
+    """A holder's start two seconds ago by the real clock: for checks that read it."""
+    return (datetime.now(timezone.utc) - timedelta(seconds=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def decide(text, *, alive=True, boot=BOOT, exists=True, now=NOW, uptime=UP):
     return run_lock.decide(exists, text, boot, ME, now=now, uptime_s=uptime,
                            pid_alive=lambda pid: alive)  # fmt: skip
@@ -255,7 +260,7 @@ def test_controller_id_is_random_kept_and_not_the_hostname(tmp_path, monkeypatch
 
 
 def test_operation_refuses_a_held_host_at_prepare_and_takes_nothing_else():
-    seen = RunLockState(True, holder_text(controller="ctl-b", pid=4242), BOOT)
+    seen = RunLockState(True, holder_text(controller="ctl-b", pid=4242, since=recent()), BOOT)
     result = run_op(op.take, path="/var/lib/p40fleet/run.lock", facts={RunLock: seen},
                     host_name="lab2")  # fmt: skip
     assert result.commands == ["function _fail"]
@@ -311,7 +316,7 @@ def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path, monkeyp
 
     lock.mkdir()
     boot = Path(run_lock.BOOT_ID).read_text().strip()  # this boot: not stale by a reboot
-    other = holder_text(controller="ctl-b", pid=4242, host="@local", boot=boot)
+    other = holder_text(controller="ctl-b", pid=4242, host="@local", boot=boot, since=recent())
     (lock / "holder").write_text(other + "\n")
     proc, marker = pyinfra_local(tmp_path)
     out = proc.stdout + proc.stderr
@@ -322,7 +327,7 @@ def test_end_to_end_held_refused_stale_taken_over_and_released(tmp_path, monkeyp
 
     # N8: this hostname but another controller (a clone), its pid not running here: held
     clone = holder_text(controller=socket.gethostname(), pid=999999, host="@local", boot=boot,
-                        controller_id="e" * 32)  # fmt: skip
+                        controller_id="e" * 32, since=recent())  # fmt: skip
     (lock / "holder").write_text(clone + "\n")
     proc, marker = pyinfra_local(tmp_path)
     out = proc.stdout + proc.stderr
