@@ -112,6 +112,14 @@ def test_build_is_deterministic_for_archives(built, tmp_path):
 
 @needs_tools
 def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
+    """The doubles' build is cached by its stamp and a corrupted artifact restored. The
+    wheelhouse (pip download of ~115 projects: 2 min here, every lab run's own subject) is
+    not: a stand-in answers for it."""
+    from p40lab import wheelhouse
+
+    wheels = {"pip_index_url": f"{mirror.BASE_URL}/simple", "torch": {"version": "2.6.0"},
+              "files": 0, "bytes": 0}  # fmt: skip
+    monkeypatch.setattr(wheelhouse, "build_wheelhouse", lambda *a, **kw: wheels)
     calls = []
     real_build = mirror.build
     monkeypatch.setattr(mirror, "build", lambda *a, **kw: calls.append(1) or real_build(*a, **kw))
