@@ -7,18 +7,21 @@ is in the answer. ``RayStatus`` changes nothing on the host (``ray status`` only
 from __future__ import annotations
 
 import shlex
+from pathlib import PurePosixPath
 
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from facts.verify import SIMULATED_HOST_TEST
 from p40fleet.privdrop import AS_USER_FN
-from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
+from p40fleet.ray import GCS_NODES_PY, TOKEN_FILE, UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
 
 __all__ = ["HasSystemd", "RayStatus", "STATUS_TIMEOUT_S"]
 
 #: ``ray status`` waits ~35 s for a GCS that does not answer; the probe waits less.
 STATUS_TIMEOUT_S = 20
+#: The GCS node table's read (``GCS_NODES_PY``): its client gives up after 10 s.
+GCS_TIMEOUT_S = 15
 #: Bytes at the start of the newest raylet log searched for this node's id (written at start).
 LOG_LIMIT = 1024 * 1024
 
@@ -38,7 +41,8 @@ class HasSystemd(FactBase[bool]):
 
 
 class RayStatus(FactBase[RayProbe]):
-    """The unit's state, this host's raylet node id and ``ray status -v`` against ``address``
+    """The unit's state, this host's raylet node id, ``ray status -v`` against ``address`` and
+    the GCS's node table (which nodes are alive: ``ray status`` alone also lists dead ones)
     (asked only where deploy/ray.py installed the unit: elsewhere there is no member to ask for).
 
     + ray: the env's ``ray`` CLI
@@ -56,6 +60,7 @@ class RayStatus(FactBase[RayProbe]):
     def command(self, ray: str, address: str, temp_dir: str, user: str) -> str:
         unit, path = shlex.quote(UNIT_NAME), shlex.quote(UNIT_PATH)
         u, cli, token = shlex.quote(user), shlex.quote(ray), shlex.quote(TOKEN_FILE)
+        py = shlex.quote(str(PurePosixPath(ray).with_name("python")))  # the CLI's env
         logs = shlex.quote(f"{temp_dir.rstrip('/')}/session_latest/logs")
         # Ray's temp dir is the training user's (Ray makes /tmp/ray 0777): its logs are read
         # as that user, a regular file only, bounded (a FIFO there ends by the time bound).
@@ -76,8 +81,11 @@ class RayStatus(FactBase[RayProbe]):
             "RAY_AUTH_MODE=token; export RAY_AUTH_MODE RAY_AUTH_TOKEN; "
             f"timeout {STATUS_TIMEOUT_S} {cli} status "
             f'--address {shlex.quote(address)} -v 2>&1 </dev/null; echo "@@rc=$?"; '
+            f"echo @@gcs-nodes; timeout {GCS_TIMEOUT_S} {py} -c {shlex.quote(GCS_NODES_PY)} "
+            f'{shlex.quote(address)} 2>&1 </dev/null; echo "@@gcs-rc=$?"; '
             f"else echo {shlex.quote(f'ray CLI {ray} is missing')}; echo '@@rc=127'; fi"
         )
+        bound = STATUS_TIMEOUT_S + GCS_TIMEOUT_S + 10
         return "\n".join(
             [
                 f"if [ -f {path} ]; then p40fleet_unit=yes; else p40fleet_unit=no; fi",
@@ -97,7 +105,7 @@ class RayStatus(FactBase[RayProbe]):
                 AS_USER_FN,
                 f"  if [ -f {token} ] && [ ! -L {token} ]; then p40fleet_tk={token}; "
                 "else p40fleet_tk=/dev/null; fi",
-                f"  p40fleet_ask {STATUS_TIMEOUT_S + 10} {u} sh -c {shlex.quote(status)} "
+                f"  p40fleet_ask {bound} {u} sh -c {shlex.quote(status)} "
                 'sh "$p40fleet_unit" <"$p40fleet_tk" '
                 "|| { echo @@ray-status; echo '@@rc=124'; }",
                 "fi",

@@ -23,7 +23,7 @@ import secrets
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from p40fleet.controller import cache_dir
@@ -363,7 +363,11 @@ def systemd_quote(arg: str) -> str:
 
 @dataclass(frozen=True)
 class ClusterStatus(ToJson):
-    """What ``ray status -v`` reports: the active node ids, totals, resources per node."""
+    """What ``ray status -v`` reports: the active node ids, totals, resources per node.
+
+    ``active`` is narrowed to the GCS node table's alive nodes where the probe read it
+    (``parse_probe``): Ray 2.52's ``ray status`` lists dead nodes as active (ray#63566).
+    """
 
     active: tuple[str, ...] = ()
     pending: int = 0
@@ -425,20 +429,66 @@ class RayProbe(ToJson):
     status: ClusterStatus | None = None
     status_rc: int | None = None
     status_tail: tuple[str, ...] = ()  # last lines of ray status when it failed
+    #: "gcs": ``active`` is the GCS node table's alive nodes; "ray status": that table was
+    #: not readable (``gcs_tail`` says why) and ``active`` is what ``ray status`` listed
+    membership: str = ""
+    dead: tuple[str, ...] = ()  # nodes ray status listed as active that the GCS has as dead
+    gcs_tail: tuple[str, ...] = ()
+
+
+#: Prints the GCS node table (``@@gcs-node ID alive|dead IP``) through the client ``ray status``
+#: itself uses; ``ray status`` alone lists dead nodes as active on Ray 2.52 (ray#63566).
+GCS_NODES_PY = (
+    "import sys\n"
+    "from ray._raylet import GcsClient\n"
+    "for n, i in GcsClient(address=sys.argv[1]).get_all_node_info(timeout=10).items():\n"
+    "    s = 'alive' if i.state == type(i).ALIVE else 'dead'\n"
+    "    print('@@gcs-node', n.hex(), s, i.node_manager_address)\n"
+)
+_GCS_NODE = re.compile(r"^@@gcs-node (?P<id>[0-9a-f]+) (?P<state>alive|dead) \S*$")
+
+
+def _rc(text: str) -> int:
+    return int(text) if re.fullmatch(r"-?\d+", text.strip()) else -1
+
+
+def _with_gcs(status: ClusterStatus | None, gcs: list[str], rc: int | None) -> tuple:
+    """(status, membership, dead, tail): ``status.active`` narrowed to the GCS's alive nodes."""
+    nodes = [m for line in gcs if (m := _GCS_NODE.match(line.strip()))]
+    if status is None:
+        return status, "", (), ()
+    if rc != 0 or not nodes:
+        tail = tuple(x for x in gcs if x.strip())[-2:] or (f"rc={rc}",)
+        return status, "ray status", (), tail
+    alive = {m["id"] for m in nodes if m["state"] == "alive"}
+    dead = tuple(i for i in status.active if i not in alive)
+    active = tuple(i for i in status.active if i in alive)
+    active += tuple(sorted(alive - set(active)))
+    return replace(status, active=active), "gcs", dead, ()
 
 
 def parse_probe(lines: Iterable[str]) -> RayProbe:
-    """Read the fact's output: ``key=value`` lines, then ``@@ray-status`` ... ``@@rc=N``."""
+    """Read the fact's output: ``key=value`` lines, then ``@@ray-status`` ... ``@@rc=N``, then
+    ``@@gcs-nodes`` ... ``@@gcs-rc=N`` (the GCS node table)."""
     values: dict[str, str] = {}
     status_lines: list[str] | None = None
+    gcs_lines: list[str] | None = None
     rc: int | None = None
+    gcs_rc: int | None = None
     user = False  # after @@ray-user: the training user's output (it may print anything)
     for line in lines:
-        if status_lines is not None:
-            if line.startswith("@@rc="):
-                text = line[5:].strip()
-                rc = int(text) if re.fullmatch(r"-?\d+", text) else -1
+        if gcs_lines is not None:
+            if line.startswith("@@gcs-rc="):
+                gcs_rc = _rc(line[9:])
                 break
+            gcs_lines.append(line)
+        elif rc is not None:
+            if line.strip() == "@@gcs-nodes":
+                gcs_lines = []
+        elif status_lines is not None:
+            if line.startswith("@@rc="):
+                rc = _rc(line[5:])
+                continue
             status_lines.append(line)
         elif line.strip() == "@@ray-status":
             status_lines = []
@@ -450,6 +500,7 @@ def parse_probe(lines: Iterable[str]) -> RayProbe:
                 values[key.strip()] = value.strip()
     status = parse_status(status_lines or [])
     tail = tuple(x for x in (status_lines or []) if x.strip())[-3:] if status is None else ()
+    status, membership, dead, gcs_tail = _with_gcs(status, gcs_lines or [], gcs_rc)
     return RayProbe(
         unit=values.get("unit") == "yes",
         active=values.get("active", ""),
@@ -459,4 +510,7 @@ def parse_probe(lines: Iterable[str]) -> RayProbe:
         status=status,
         status_rc=rc,
         status_tail=tail,
+        membership=membership,
+        dead=dead,
+        gcs_tail=gcs_tail,
     )

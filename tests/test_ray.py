@@ -39,6 +39,12 @@ FIXTURES = Path(__file__).parent / "fixtures" / "ray"  # real Ray 2.48.0 output
 TWO_NODES = (FIXTURES / "status-v-2.48.0-2nodes-6gpu.txt").read_text().splitlines()
 ONE_DEAD = (FIXTURES / "status-v-2.48.0-1dead.txt").read_text().splitlines()
 NO_GCS = (FIXTURES / "status-2.48.0-no-gcs.txt").read_text().splitlines()
+#: Ray 2.52.1 on the lab after lab3 rebooted: ray status lists lab3's old node as active
+#: (ray#63566); the GCS node table (GCS_NODES_PY's output) has it dead.
+GHOST_STATUS = (FIXTURES / "status-v-2.52.1-dead-listed-active.txt").read_text().splitlines()
+GHOST_GCS = (FIXTURES / "gcs-nodes-2.52.1-1dead.txt").read_text().splitlines()
+GHOST = "4716e409a5d56014842359ba24b5de8c8951fdd2819f28470a181204"
+REJOINED = "65a1d39e6bd6a8be8a87bbfd07027cb653674313fdd743be38d12a33"
 HEAD_ID = "dba85ff5b25350855d5f6c65dd47e864c36c57a7c9f1a0fca94170f0"
 WORKER_ID = "0302df07d04c8401454fe5894d0b83568c85181c553fdae5f5644349"
 RAY = "/home/verl/miniconda3/envs/verl-p40/bin/ray"
@@ -173,11 +179,38 @@ def test_status_after_a_node_died_and_without_a_gcs():
     assert parse_status(NO_GCS) is None
 
 
-def probe(status_lines, node_id=HEAD_ID, rc=0, sim=False, active="active", enabled="enabled"):
+def probe(status_lines, node_id=HEAD_ID, rc=0, sim=False, active="active", enabled="enabled",
+          gcs=None, gcs_rc=0):  # fmt: skip
     lines = ["unit=yes", f"active={active}", f"enabled={enabled}",
              f"sim={'yes' if sim else 'no'}", f"node_id={node_id}", "@@ray-status",
              *status_lines, f"@@rc={rc}"]  # fmt: skip
+    if gcs is not None:
+        lines += ["@@gcs-nodes", *gcs, f"@@gcs-rc={gcs_rc}"]
     return parse_probe(lines)
+
+
+def test_a_dead_node_ray_status_still_lists_is_not_counted():
+    """Ray 2.52.1's ``ray status`` keeps a rebooted member's old node under Active (4 of 3):
+    the GCS node table decides, and the check passes with 3/3 saying what it left out."""
+    assert parse_status(GHOST_STATUS).active[-1] == GHOST  # what ray status says
+    answers = probe(GHOST_STATUS, node_id=REJOINED, gcs=GHOST_GCS)
+    assert answers.membership == "gcs" and answers.dead == (GHOST,)
+    assert len(answers.status.active) == 3 and GHOST not in answers.status.active
+    checks = ray_checks(answers, address="h:6379", nodes=3, pci_gpus=0)
+    assert checks[1].status == PASS, checks[1]
+    assert "3/3 nodes active" in checks[1].detail and "1 dead node(s)" in checks[1].detail
+    # without the GCS's table: ray status's count, and the check says where it came from
+    blind = probe(GHOST_STATUS, node_id=REJOINED, gcs=["ModuleNotFoundError: ray._raylet"],
+                  gcs_rc=1)  # fmt: skip
+    assert blind.membership == "ray status" and len(blind.status.active) == 4
+    check = ray_checks(blind, address="h:6379", nodes=3, pci_gpus=0)[1]
+    assert check.status == FAIL and "4/3 nodes" in check.detail
+    assert "GCS node table was not read: ModuleNotFoundError" in check.detail
+    # a GCS that answers with a node ray status does not list yet: alive counts
+    table = [f"@@gcs-node {HEAD_ID} alive 10.0.0.1", f"@@gcs-node {WORKER_ID} alive 10.0.0.2",
+             f"@@gcs-node {'e' * 56} alive 10.0.0.3"]  # fmt: skip
+    late = probe(TWO_NODES, gcs=table)
+    assert late.status.active == (HEAD_ID, WORKER_ID, "e" * 56)
 
 
 def test_probe_answers():
@@ -278,6 +311,11 @@ def test_ray_status_fact_command(tmp_path):
                    f"echo \"$RAY_AUTH_MODE $RAY_AUTH_TOKEN\" > {tmp_path}/auth\n"
                    f"cat {FIXTURES}/status-v-2.48.0-2nodes-6gpu.txt\n")  # fmt: skip
     cli.chmod(0o755)
+    py = tmp_path / "python"  # the env's python beside its ray CLI reads the GCS node table
+    py.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$3\" \"$RAY_AUTH_TOKEN\" > {tmp_path}/gcs-args\n"
+                  f"echo '@@gcs-node {HEAD_ID} alive 10.231.0.11'\n"
+                  f"echo '@@gcs-node {WORKER_ID} dead 10.231.0.12'\n")  # fmt: skip
+    py.chmod(0o755)
     unit = tmp_path / "unit"
     unit.touch()
     token = tmp_path / "ray-auth.env"
@@ -293,12 +331,14 @@ def test_ray_status_fact_command(tmp_path):
                                                        "10.231.0.11:6379", "-v"]  # fmt: skip
     # ray status gets Ray's token auth from root's file, on stdin (RAY_AUTH_MODE=token)
     assert (tmp_path / "auth").read_text() == f"token {'ab' * 32}\n"
+    assert (tmp_path / "gcs-args").read_text() == f"10.231.0.11:6379\n{'ab' * 32}\n"
+    assert answers.membership == "gcs" and answers.status.active == (HEAD_ID,)
+    assert answers.dead == (WORKER_ID,)
     token.unlink()  # no token file: the status runs (and a token-auth cluster refuses it)
     subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     assert (tmp_path / "auth").read_text() == "token \n"
     token.write_text(token_file_text("ab" * 32))
     assert answers.node_id == HEAD_ID and answers.status_rc == 0
-    assert answers.status is not None and len(answers.status.active) == 2
     missing = fact.command(user=ME, ray=str(tmp_path / "none"), address="h:1", temp_dir=str(temp))
     out = subprocess.run(["sh", "-c", missing.replace(UNIT_PATH, str(unit))],
                          capture_output=True, text=True, check=True)  # fmt: skip

@@ -79,6 +79,11 @@ def _cluster(probe: RayProbe, address: str, nodes: int) -> Check:
     active = len(status.active)
     member = bool(probe.node_id) and probe.node_id in status.active
     detail = f"{active}/{nodes} nodes active at {address}"
+    if probe.membership == "ray status":
+        detail += f" (as `ray status` lists them: the GCS node table was not read: " \
+                  f"{' | '.join(probe.gcs_tail)})"  # fmt: skip
+    elif probe.dead:
+        detail += f" ({len(probe.dead)} dead node(s) `ray status` still lists not counted)"
     if active == nodes and member:
         return Check("ray cluster", PASS, f"{detail}, this node {probe.node_id[:12]} among them")
     why = [] if active == nodes else [f"expected {nodes} (stack.ray.nodes or the inventory)"]
