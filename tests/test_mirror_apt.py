@@ -147,6 +147,8 @@ def _build_upstream(root: Path, work: Path, home: Path) -> dict[str, Path]:
                                      (binary / "Packages.gz").read_bytes()}, suite))  # fmt: skip
         _gpg(home, "--armor", "--detach-sign", "--output", str(dist / "Release.gpg"),
              str(release))  # fmt: skip
+        if suite == "focal":  # as Ubuntu's; focal-updates has the detached pair only (older)
+            _gpg(home, "--clearsign", "--output", str(dist / "InRelease"), str(release))
     return debs
 
 
@@ -350,6 +352,19 @@ def test_the_upstream_release_is_checked_with_the_keyring(tmp_path, archive):
     with pytest.raises(MirrorError, match="signature does not verify with .*other-key"):
         build(tmp_path / "m1", [], progress=False, apt=_plan(archive, keyring=archive["other"]))
     assert not list((tmp_path / "m1").rglob("*.deb"))
+    # the signed text is what counts: InRelease edited after signing is refused (and a Release
+    # that no longer matches its Release.gpg is not read where InRelease exists)
+    dist = archive["root"] / "dists/focal"
+    inrelease, release = (dist / "InRelease").read_bytes(), (dist / "Release").read_bytes()
+    try:
+        (dist / "Release").write_bytes(release.replace(b"Suite: focal", b"Suite: other"))
+        assert build(tmp_path / "m3", [], progress=False, apt=_plan(archive)).apt is not None
+        (dist / "InRelease").write_bytes(inrelease.replace(b"Suite: focal", b"Suite: other"))
+        with pytest.raises(MirrorError, match="focal/InRelease: the signature does not verify"):
+            build(tmp_path / "m4", [], progress=False, apt=_plan(archive))
+    finally:
+        (dist / "InRelease").write_bytes(inrelease)
+        (dist / "Release").write_bytes(release)
     # plain http and no keyring: refused, unless told to accept the transport's word
     plan = _plan(archive)
     unchecked = AptPlan(plan.packages, apt_repo.Upstream(url=archive["base"],

@@ -28,6 +28,7 @@ import os
 import posixpath
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -71,6 +72,9 @@ class Upstream:
 def deploy_packages(kernels: Sequence[str]) -> list[str]:
     """What the deploy installs with apt: the driver build's packages (operations.driver) and
     ``linux-headers-RELEASE`` for each kernel release."""
+    checkout = str(Path(__file__).resolve().parents[2])  # operations/ is not installed
+    if checkout not in sys.path:
+        sys.path.append(checkout)
     from operations.driver import BUILD_PACKAGES  # the one list the operation installs
 
     return [*BUILD_PACKAGES, *(f"linux-headers-{k}" for k in kernels)]
@@ -93,24 +97,60 @@ def _read(url: str, timeout: float = 60.0) -> bytes:
         raise FetchError(f"{url}: cannot connect ({getattr(exc, 'reason', exc)})") from None
 
 
-def _gpgv(keyring: Path, signature: Path, signed: Path) -> str | None:
-    """None when ``signature`` is a good signature of ``signed`` by a key of ``keyring``,
-    else gpgv's complaint."""
+def _gpgv(keyring: Path, *files: Path, output: Path | None = None) -> str | None:
+    """None when ``files`` (a detached signature and its file, or one clearsigned file) carry a
+    good signature by a key of ``keyring``, else gpgv's complaint; ``output``: where gpgv
+    writes the signed text of a clearsigned file (what was checked, nothing around it)."""
     with tempfile.TemporaryDirectory(prefix="p40fleet-gpgv.") as home:
-        proc = subprocess.run(
-            [
-                "gpgv",
-                "--homedir",
-                home,
-                "--keyring",
-                str(keyring.resolve()),
-                str(signature),
-                str(signed),
-            ],  # fmt: skip
-            capture_output=True,
-            text=True,
+        out = ["--output", str(output)] if output is not None else []
+        command = ["gpgv", "--homedir", home, *out, "--keyring", str(keyring.resolve())]
+        proc = subprocess.run([*command, *map(str, files)], capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    return (
+        proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+    )
+
+
+def _release_text(
+    base: str, suite: str, cache: Path, keyring: Path | None, refresh: bool, log
+) -> str:
+    """The suite's Release text, fetched once into ``cache`` (again when ``refresh``). With a
+    keyring, from ``InRelease`` (the signed text gpgv checked: one file, so a mirror caught
+    mid-update cannot pair one Release with another's signature), else ``Release`` and
+    ``Release.gpg``; without one, ``Release`` unchecked."""
+    url = f"{base}/dists/{suite}"
+    inrelease, release, detached = cache / "InRelease", cache / "Release", cache / "Release.gpg"
+    if keyring is None:
+        if refresh or not release.is_file():
+            log(f"fetching {url}/Release")
+            release.write_bytes(_read(f"{url}/Release"))
+        return release.read_text()
+    if refresh or not (inrelease.is_file() or (release.is_file() and detached.is_file())):
+        for path in (inrelease, release, detached):
+            path.unlink(missing_ok=True)
+        log(f"fetching {url}/InRelease")
+        try:
+            inrelease.write_bytes(_read(f"{url}/InRelease"))
+        except FetchError:  # an older archive: the detached pair
+            log(f"fetching {url}/Release and Release.gpg")
+            release.write_bytes(_read(f"{url}/Release"))
+            detached.write_bytes(_read(f"{url}/Release.gpg"))
+    if inrelease.is_file():
+        release.unlink(missing_ok=True)
+        bad = _gpgv(keyring, inrelease, output=release)
+        which = "InRelease"
+    else:
+        bad = _gpgv(keyring, detached, release)
+        which = "Release.gpg"
+    if bad is not None:
+        for path in (inrelease, release, detached):
+            path.unlink(missing_ok=True)
+        raise AptError(
+            f"{url}/{which}: the signature does not verify with {keyring} ({bad}): not used. "
+            "Fix: the keyring of that archive (or a mirror that serves its files as they are)"
         )
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"gpgv exit {proc.returncode}")
+    return release.read_text()
 
 
 def read_indexes(
@@ -133,28 +173,10 @@ def read_indexes(
     for suite in upstream.suites:
         cache = mirror / ".cache" / "apt" / suite
         cache.mkdir(parents=True, exist_ok=True)
-        release = cache / "Release"
-        if refresh or not release.is_file():
-            log(f"fetching {base}/dists/{suite}/Release")
-            data = _read(f"{base}/dists/{suite}/Release")
-            if upstream.keyring is not None:
-                (cache / "Release.gpg").write_bytes(_read(f"{base}/dists/{suite}/Release.gpg"))
-            release.write_bytes(data)
-        if upstream.keyring is not None:
-            signature = cache / "Release.gpg"
-            if not signature.is_file():
-                signature.write_bytes(_read(f"{base}/dists/{suite}/Release.gpg"))
-            bad = _gpgv(upstream.keyring, signature, release)
-            if bad is not None:
-                release.unlink()
-                raise AptError(
-                    f"{base}/dists/{suite}/Release: its signature does not verify with "
-                    f"{upstream.keyring} ({bad.splitlines()[-1]}): not used. Fix: the keyring "
-                    "of that archive (or a mirror that serves the archive's files as they are)"
-                )
-        else:
+        text = _release_text(base, suite, cache, upstream.keyring, refresh, log)
+        if upstream.keyring is None:
             notes.append(f"{base}/dists/{suite}/Release: signature not checked (no keyring)")
-        sums = release_sums(release.read_text())
+        sums = release_sums(text)
         for component in upstream.components:
             stem = f"{component}/binary-{upstream.arch}"
             name, unpack = next(
@@ -308,6 +330,7 @@ def write_repository(
             and release.is_file()
             and inrelease.is_file()
             and _gpgv(public, detached, release) is None
+            and _gpgv(public, inrelease) is None
         )
         if not unchanged:
             binary.mkdir(parents=True, exist_ok=True)
