@@ -497,3 +497,19 @@ def test_the_cli_prints_the_apt_block_to_paste(tmp_path, archive, monkeypatch, c
                        spec.mirror.apt.signed_by, spec.mirror.apt.trusted)  # fmt: skip
     assert line == ("deb [signed-by=/etc/apt/keyrings/p40fleet-mirror.gpg] "
                     "http://10.0.0.5:8111/apt focal main")  # fmt: skip
+
+
+def test_the_cli_refuses_a_missing_keyring_and_an_unchecked_http_upstream(
+    tmp_path, archive, monkeypatch, capsys
+):
+    from p40fleet.mirror import __main__ as cli
+
+    monkeypatch.setattr(cli, "specs_of", lambda inventory: [])
+    common = ["build", str(tmp_path / "m"), "--quiet", "--kernel", KERNEL,
+              "--apt-upstream", archive["base"], "--apt-component", "main"]  # fmt: skip
+    assert cli.main([*common, "--upstream-keyring", str(tmp_path / "nope.gpg")]) == 2
+    assert "nope.gpg: no such file" in capsys.readouterr().err
+    assert cli.main(common) == 1
+    err = capsys.readouterr().err
+    assert "plain-http upstream and no --upstream-keyring" in err and "MISSING apt:" in err
+    assert not (tmp_path / "m/apt").exists()

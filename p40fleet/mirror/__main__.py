@@ -139,6 +139,10 @@ def _build(args: argparse.Namespace) -> int:
     indexes = args.indexes or list(dict.fromkeys([PYPI_SIMPLE, *(str(s.torch.index_url)
                                                                  for s in specs)]))  # fmt: skip
     plan = _apt_plan(args)
+    if plan is not None and plan.upstream.keyring and not plan.upstream.keyring.is_file():
+        print(f"mirror build: --upstream-keyring {plan.upstream.keyring}: no such file",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     started = time.monotonic()
     try:
         result = build(args.dir, needs, indexes=indexes, progress=not args.quiet, apt=plan)

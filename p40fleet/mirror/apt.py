@@ -15,6 +15,8 @@ against its index paragraph's SHA256 and Size. The closure is resolved in Python
     DIR/keys/                        the signing key (GNUPGHOME; never served)
     DIR/.cache/apt/SUITE/            the upstream Release and Packages last read
 
+How to use it, what is checked and what not, the numbers: docs/air-gapped-apt.md.
+
 A second build reads the cached upstream indexes (``refresh`` reads them again) and fetches
 only the .debs the mirror lacks; the index is re-signed only when its content changed.
 """
