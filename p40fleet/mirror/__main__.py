@@ -1,5 +1,10 @@
 """``python -m p40fleet.mirror build DIR [--inventory INV] [--index-url URL ...] [--base-url URL]
-| verify DIR | serve DIR --bind ADDR:PORT [--access-log FILE]``.
+[--kernel RELEASE ... [--apt-upstream URL] [--apt-suite S ...] [--apt-component C ...]
+[--upstream-keyring FILE]] | verify DIR | serve DIR --bind ADDR:PORT [--access-log FILE]``.
+
+The apt part runs when at least one ``--kernel`` is given (the releases ``uname -r`` reports on
+the hosts; ``deploy/facts.py`` shows them): the deploy's apt packages, ``linux-headers-`` of each
+kernel, and their dependencies, republished as a signed repository under ``DIR/apt``.
 
 Exit codes as the verify CLI's: 0 done / every file matches, 1 something could not be fetched
 or does not match (each named), 2 a usage error or a spec that does not validate.
@@ -15,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from p40fleet.mirror.build import MirrorError, build, merge, needs_for, stack_block
+from p40fleet.mirror import apt as apt_repo
+from p40fleet.mirror.build import AptPlan, MirrorError, build, merge, needs_for, stack_block
 from p40fleet.mirror.manifest import Manifest, verify
 from p40fleet.mirror.serve import serve
 from p40fleet.report import EXIT_FAIL, EXIT_OK, EXIT_USAGE
@@ -78,6 +84,39 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--base-url", default="http://MIRROR:8111",
                    help="where the mirror will be served (for the stack block)")  # fmt: skip
     b.add_argument("--quiet", action="store_true", help="no progress lines")
+    a = b.add_argument_group("apt", "the deploy's apt packages and their closure (with --kernel)")
+    a.add_argument("--kernel", action="append", default=[], metavar="RELEASE",
+                   help="a kernel release of the hosts (uname -r, e.g. 5.4.0-150-generic): "
+                   "mirror linux-headers-RELEASE (repeat; none: no apt part)")  # fmt: skip
+    a.add_argument(
+        "--apt-upstream",
+        default=apt_repo.UBUNTU_ARCHIVE,
+        metavar="URL",
+        help="the dists-style repository to fetch from (default %(default)s)",
+    )
+    a.add_argument("--apt-suite", action="append", metavar="SUITE",
+                   help="upstream suite (repeat; default: focal, focal-updates, "
+                   "focal-security); the mirror's suite is the first")  # fmt: skip
+    a.add_argument(
+        "--apt-component",
+        action="append",
+        metavar="C",
+        help="upstream component (repeat; default: main, universe)",
+    )
+    a.add_argument("--upstream-keyring", type=Path, metavar="FILE",
+                   help="check each upstream Release.gpg with gpgv against this keyring "
+                   f"(default: {apt_repo.UBUNTU_KEYRING} when it exists and the upstream is "
+                   "the Ubuntu archive)")  # fmt: skip
+    a.add_argument(
+        "--allow-unverified-upstream",
+        action="store_true",
+        help="accept a plain-http upstream whose Release signature is not checked",
+    )
+    a.add_argument(
+        "--apt-refresh",
+        action="store_true",
+        help="read the upstream indexes again (default: the ones the last build read)",
+    )
     v = sub.add_parser("verify", help="check DIR against its manifest (every file hashed)")
     v.add_argument("dir", type=Path)
     s = sub.add_parser("serve", help="serve DIR over HTTP with byte ranges")
@@ -99,9 +138,14 @@ def _build(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     indexes = args.indexes or list(dict.fromkeys([PYPI_SIMPLE, *(str(s.torch.index_url)
                                                                  for s in specs)]))  # fmt: skip
+    plan = _apt_plan(args)
+    if plan is not None and plan.upstream.keyring and not plan.upstream.keyring.is_file():
+        print(f"mirror build: --upstream-keyring {plan.upstream.keyring}: no such file",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     started = time.monotonic()
     try:
-        result = build(args.dir, needs, indexes=indexes, progress=not args.quiet)
+        result = build(args.dir, needs, indexes=indexes, progress=not args.quiet, apt=plan)
         problems = []
     except MirrorError as exc:
         result, problems = exc.result, str(exc).splitlines()
@@ -119,8 +163,29 @@ def _build(args: argparse.Namespace) -> int:
         print("mirror build: incomplete; fix the above and run it again (what it got is kept)",
               file=sys.stderr)  # fmt: skip
         return EXIT_FAIL
-    print('stack["mirror"] = ' + json.dumps(stack_block(args.base_url), indent=4))
+    if plan is None:
+        print("  apt: not built (no --kernel given)")
+    print('stack["mirror"] = ' + json.dumps(stack_block(args.base_url, result.apt if result
+                                                        else None), indent=4))  # fmt: skip
     return EXIT_OK
+
+
+def _apt_plan(args: argparse.Namespace) -> AptPlan | None:
+    if not args.kernel:
+        return None
+    keyring = args.upstream_keyring
+    if (keyring is None and args.apt_upstream.rstrip("/") == apt_repo.UBUNTU_ARCHIVE
+            and Path(apt_repo.UBUNTU_KEYRING).is_file()):  # fmt: skip
+        keyring = Path(apt_repo.UBUNTU_KEYRING)
+    upstream = apt_repo.Upstream(
+        url=args.apt_upstream.rstrip("/"),
+        suites=tuple(args.apt_suite or apt_repo.FOCAL_SUITES),
+        components=tuple(args.apt_component or apt_repo.FOCAL_COMPONENTS),
+        keyring=keyring,
+        allow_unverified=args.allow_unverified_upstream,
+    )
+    return AptPlan(tuple(apt_repo.deploy_packages(args.kernel)), upstream, args.apt_refresh,
+                   args.base_url)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

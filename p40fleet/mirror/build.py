@@ -21,6 +21,8 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from p40fleet import hashlock, preflight
+from p40fleet.mirror import apt as apt_repo
+from p40fleet.mirror.debian import AptError, Index
 from p40fleet.mirror.fetch import FetchError, fetch, sha256_of
 from p40fleet.mirror.index import IndexFile, project_files
 from p40fleet.mirror.manifest import Entry, Manifest, has_commit
@@ -98,11 +100,22 @@ def merge(needs: Iterable[Need]) -> list[Need]:
     return list(seen.values())
 
 
+@dataclass(frozen=True)
+class AptPlan:
+    """The apt part of a build: these packages and their closure, from ``upstream``."""
+
+    packages: tuple[str, ...]
+    upstream: apt_repo.Upstream = apt_repo.Upstream()
+    refresh: bool = False  # read the upstream indexes again (else the cached ones)
+    base_url: str = "http://MIRROR:8111"
+
+
 @dataclass
 class BuildResult:
     manifest: Manifest
     fetched: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind: (files, bytes)
     problems: list[str] = field(default_factory=list)
+    apt: dict | None = None  # stack["mirror"]["apt"] once the apt repository is signed
 
     def count(self, kind: str, moved: int) -> None:
         files, size = self.fetched.get(kind, (0, 0))
@@ -132,9 +145,11 @@ def build(
     *,
     indexes: Sequence[str] = (PYPI_SIMPLE,),
     progress: bool = True,
+    apt: AptPlan | None = None,
 ) -> BuildResult:
-    """Fetch into ``mirror`` what it lacks of ``needs``; write the PEP 503 pages and the
-    manifest. Every problem is collected (the rest is still fetched) and raised at the end."""
+    """Fetch into ``mirror`` what it lacks of ``needs`` (and, with ``apt``, the apt packages
+    and their closure, republished signed); write the PEP 503 pages and the manifest. Every
+    problem is collected (the rest is still fetched) and raised at the end."""
     mirror.mkdir(parents=True, exist_ok=True)
     result = BuildResult(Manifest.load(mirror))
     pages: dict[tuple[str, str], list[IndexFile]] = {}
@@ -152,6 +167,8 @@ def build(
             result.problems.append(f"{need.kind} {need.name}: {exc}")
         result.manifest.save(mirror)  # what is done stays done: a re-run resumes
     _write_index(mirror, result.manifest)
+    if apt is not None:
+        _apt(mirror, apt, result, progress)
     if result.problems:
         error = MirrorError("\n".join(result.problems))
         error.result = result
@@ -237,6 +254,33 @@ def _git(mirror: Path, need: Need, result: BuildResult) -> None:
     result.manifest.add(Entry("git", need.name, path, need.url or "", commit=commit))
 
 
+def _apt(mirror: Path, plan: AptPlan, result: BuildResult, progress: bool) -> None:
+    """The closure of ``plan.packages`` into DIR/apt/pool; the signed index only once every
+    .deb of it is there (an index naming a missing file would fail the hosts' installs)."""
+    upstream = plan.upstream
+    try:
+        packages, notes = apt_repo.read_indexes(mirror, upstream, plan.refresh, _log)
+        for note in notes:
+            _log(f"WARNING {note}")
+        chosen = Index(packages).closure(plan.packages)
+        _log(f"apt: {len(chosen)} packages in the closure of {', '.join(plan.packages)}")
+        problems = apt_repo.fetch_debs(mirror, chosen, result.manifest, result.count,
+                                       progress, _log)  # fmt: skip
+        result.manifest.save(mirror)
+        if problems:
+            result.problems += problems
+            result.problems.append("apt: the repository index is not written (or kept as it "
+                                   "was) until every .deb above is fetched")  # fmt: skip
+            return
+        suite = upstream.suites[0]
+        if apt_repo.write_repository(mirror, suite, upstream.arch, chosen, result.manifest):
+            _log(f"apt: signed {mirror / 'apt/dists' / suite / 'InRelease'}")
+        result.manifest.save(mirror)
+        result.apt = apt_repo.stack_apt(plan.base_url, suite, mirror)
+    except (AptError, FetchError, MirrorError) as exc:
+        result.problems += [f"apt: {line}" for line in str(exc).splitlines()]
+
+
 def _run(command: list[str], need: Need) -> None:
     proc = subprocess.run(command, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
@@ -271,11 +315,15 @@ def _write_index(mirror: Path, manifest: Manifest) -> None:
     )
 
 
-def stack_block(base_url: str) -> dict[str, str]:
-    """The ``stack["mirror"]`` settings that point a fleet at this mirror served at base_url."""
+def stack_block(base_url: str, apt: dict | None = None) -> dict:
+    """The ``stack["mirror"]`` settings that point a fleet at this mirror served at base_url
+    (``apt``: the signed apt repository's, from the build)."""
     base = base_url.rstrip("/")
-    return {
+    block: dict = {
         "artifacts_url": f"{base}/artifacts",
         "pip_index_url": f"{base}/simple",
         "git_base_url": f"{base}/git",
     }
+    if apt is not None:
+        block["apt"] = apt
+    return block

@@ -44,6 +44,8 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     rate: int = 0
     ranges: bool = True
+    # Top-level dirs never served: the apt repository's signing key (DIR/keys) stays private.
+    hidden: tuple[str, ...] = ("keys",)
 
     def send_response(self, code, message=None):
         self._p40_status = code
@@ -71,6 +73,11 @@ class RangeFileHandler(SimpleHTTPRequestHandler):
 
     def send_head(self):
         self._p40_left = None
+        # as the file server maps the path (., .., //, %2e decoded): its first part under DIR
+        rel = os.path.relpath(self.translate_path(self.path), self.directory)
+        if rel.split(os.sep, 1)[0] in self.hidden:
+            self.send_error(404, "File not found")
+            return None
         if not self.ranges or "Range" not in self.headers:
             return super().send_head()
         path = self.translate_path(self.path)
