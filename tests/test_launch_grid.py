@@ -143,11 +143,12 @@ def test_checks_catch_one_hosts_sizes_on_three_nodes(compose_overrides):
 
 
 def test_readme_multi_node_command_is_what_runs(compose_overrides):
-    """README's N-box command, word for word: the script's overrides, then its arguments."""
+    """docs/training.md's N-box command, word for word: the script's overrides, then its
+    arguments (README links it)."""
     from p40fleet.launch import cluster_shape
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Training on the fleet") :]
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    section = doc[doc.index("# Training on the fleet") :]
     # one command block: root hands the cluster's token and RAY_ADDRESS to the training user's
     # ~/launch-ppo.sh (the cluster refuses a driver without the token)
     start = section.index("# as root on the head: the training user's driver gets the cluster")

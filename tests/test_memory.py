@@ -61,7 +61,7 @@ def test_estimate_agrees_with_the_measurements_within_25_percent(lengths, measur
 
 
 def test_estimate_values_recorded():
-    """The numbers the README and the report quote."""
+    """The numbers docs/training.md, the README and the report quote."""
     plan = plan_launch(spec(96, 64), [P40], model_config=QWEN)
     assert round(plan.sizing.estimate_gib, 1) == 16.6
     plan = plan_launch(spec(), [P40], model_config=QWEN)

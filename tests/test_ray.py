@@ -407,8 +407,9 @@ def test_unit_quotes_home_and_path_for_systemd():
     assert systemd_quote("HOME=/home/a b") == '"HOME=/home/a b"'
 
 
-def test_readme_says_how_ray_authenticates_and_what_it_does_not_cover():
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_docs_say_how_ray_authenticates_and_what_it_does_not_cover():
+    """docs/training.md (README links it for the Ray cluster and its token)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
     section = text[text.index("**Many boxes: the Ray cluster.**") :]
     section = section[: section.index("\n## ")] if "\n## " in section else section
     assert "**Ray's token authentication (review S2).**" in section

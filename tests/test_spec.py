@@ -906,7 +906,7 @@ def test_a_url_with_credentials_is_refused_and_never_shown(stack, field):
     assert err.field == field
     assert "expected a URL without credentials" in str(err)
     # where they belong instead, per tool
-    for where in ("~/.netrc", "/etc/apt/auth.conf.d/", "conda auth login", "README"):
+    for where in ("~/.netrc", "/etc/apt/auth.conf.d/", "conda auth login", "docs/air-gapped.md"):
         assert where in str(err), str(err)
     assert "S3cr3tT0ken" not in str(err) + repr(err.problems) + repr(
         pickle.loads(pickle.dumps(err))

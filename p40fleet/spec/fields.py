@@ -127,10 +127,12 @@ def _abs_path(value: str) -> str:
     return normalised
 
 
-#: Where a credential of a mirror belongs instead of the URL (README, "Mirror credentials").
+#: Where a credential of a mirror belongs instead of the URL (docs/air-gapped.md,
+#: "Mirror credentials").
 CREDENTIALS_FIX = (
-    "put them where each tool reads them (README, 'Mirror credentials'): the training user's "
-    "~/.netrc for pip and git, conda auth login (the conda-auth plugin) for conda, "
+    "put them where each tool reads them (docs/air-gapped.md, 'Mirror credentials'): "
+    "the training user's ~/.netrc for pip and git, conda auth login (the conda-auth plugin) "
+    "for conda, "
     "/etc/apt/auth.conf.d/ for apt, root's ~/.netrc (with netrc-optional in root's ~/.curlrc) "
     "for the artifact downloads"
 )

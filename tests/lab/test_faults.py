@@ -383,7 +383,7 @@ print(json.dumps({"sweeps": sweeps, "hits": hits}), flush=True)
 def test_sudo_password_never_appears(fleet):
     """A real sudo password (``admin-pw``'s sudo asks it): the run converges through it, and
     it is in no output, log or file; but pyinfra sends it in the remote command line, which any
-    user of the host can read while that command starts (S18: README "When it fails")."""
+    user of the host can read while that command starts (S18: "When it fails" in README)."""
     from p40lab import disks, hosts
 
     lab = fleet["lab"]

@@ -391,8 +391,8 @@ def fetched_by(lab, name: str, since: float) -> dict[str, int]:
 
 
 def test_reinstall_keeps_home_and_reconverges(fleet):
-    """README "After an OS reinstall", end to end: the new host key is refused, re-keyed with
-    the console's fingerprint, and the next run reconverges from what /home kept."""
+    """docs/runbook.md "After an OS reinstall", end to end: the new host key is refused,
+    re-keyed with the console's fingerprint, and the next run reconverges from what /home kept."""
     lab = fleet["lab"]
     env_python = lab.root("lab2") / "home/verl/miniconda3/envs/verl-p40/pyvenv.cfg"
     inode = env_python.stat().st_ino

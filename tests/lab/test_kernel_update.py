@@ -1,4 +1,4 @@
-"""README's runbook "After a kernel update", end to end on one lab host.
+"""The runbook's "After a kernel update" (docs/runbook.md), end to end on one lab host.
 
 A fresh host (no dkms, no compiler: p40lab.base) converges with ``deploy/system.py`` only
 because the deploy installs dkms and the build tools from the mirror. Then the kernel update an

@@ -135,7 +135,7 @@ def test_a_client_without_the_clusters_token_is_refused(cluster, monkeypatch):
     assert good.strip().endswith("rc=0"), good[-2000:]
     answer = parse_status(good.splitlines())
     assert answer is not None and len(answer.active) == 3
-    # a driver as README's runbook starts one: root hands the token to the training user's
+    # a driver as docs/training.md starts one: root hands the token to the training user's
     # process (never on a command line); ray.init joins the cluster
     driver = (f"import ray\nray.init(address={ADDRESS!r})\n"
               "print('alive', sum(n['Alive'] for n in ray.nodes()))\n")  # fmt: skip
