@@ -100,7 +100,7 @@ def fleet(lab, tmp_path_factory):
     reports = tmp_path_factory.mktemp("reports")
     since = time.time()
     first = full(report=reports / "first.json")
-    yield {"lab": lab, "first": first, "reports": reports,
+    yield {"lab": lab, "first": first, "reports": reports, "since": since,
            "first_training_bytes": training_bytes(since)}  # fmt: skip
     # the session's other modules expect a fresh default lab
     lab.down()
@@ -117,6 +117,35 @@ def test_fresh_fleet_converges_and_verifies(fleet):
         assert lab.ssh(name, "test -e /sys/module/nouveau").returncode == 1  # gone after reboot
         nvcc = lab.ssh(name, "/usr/local/cuda/bin/nvcc --version").stdout
         assert "release 11.8, V11.8.89" in nvcc
+
+
+#: What a host downloads to use (not an index it may read again): the mirror sends each once.
+PAYLOAD = (".run", ".sh", ".tar.xz", ".tgz", ".whl", ".deb", ".conda", ".tar.bz2", ".tar.gz",
+           ".zip", ".pack")  # fmt: skip
+
+
+def test_each_host_fetches_each_file_from_the_mirror_once(fleet):
+    """Issue 27, bytes once per fleet: in the first run every file a host downloaded (artifacts,
+    wheels, .debs, conda packages, git packs, training archives) left the mirror once for that
+    host, in full or less (a resumed fetch), never twice; the four artifacts reached each host
+    whole. The numbers per host are printed (``pytest -s``)."""
+    from p40lab import state as st
+
+    lab, stack = fleet["lab"], fleet["lab"].state["stack"]
+    for name in PROVISIONED:
+        got = fetched_by(lab, name, fleet["since"])
+        payload = {p: n for p, n in got.items() if p.split("?")[0].endswith(PAYLOAD)}
+        twice = {}
+        for path, sent in payload.items():
+            local = st.MIRROR_DIR / path.split("?")[0].lstrip("/")
+            if local.is_file() and sent > local.stat().st_size:
+                twice[path] = (sent, local.stat().st_size)
+        assert not twice, (name, twice)  # path: (bytes sent, file size)
+        for key in ("driver", "cuda", "cudnn", "miniconda"):
+            path = f"/artifacts/{stack[key]['filename']}"
+            assert got.get(path) == (st.MIRROR_DIR / path.lstrip("/")).stat().st_size, (name, path)
+        print(f"\nmirror -> {name}: {len(payload)} files, {sum(payload.values())} bytes once each; "
+              f"{len(got) - len(payload)} index/metadata paths")  # fmt: skip
 
 
 def test_fresh_fleet_passes_the_training_path_for_real(fleet):
