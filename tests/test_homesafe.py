@@ -22,6 +22,7 @@ from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Users
 
 from facts.artifacts import ArtifactFile, ArtifactState
+from facts.footprint import PathKinds
 from facts.home import UserFile, UserFileState
 from facts.host import FreeSpace, FreeSpaceInfo
 from facts.training import StagedDir, StagedDirState
@@ -76,6 +77,14 @@ ROOT_ONLY = {
     "ray.ray_left_out": "the systemd unit and the token in /etc (stopped and removed)",
     "refuse.refuse": "nothing: it stops the host",
     "run_lock.take": "/var/lib/p40fleet",
+    "uninstall.account_removed": "the Apex build account (its home is under /var/lib)",
+    "uninstall.apt_aside_restored": "/etc/apt",
+    "uninstall.apt_mirror_removed": "/etc/apt",
+    "uninstall.cuda_link_removed": "/usr/local/cuda",
+    "uninstall.driver_removed": "the kernel module (NVIDIA's uninstaller)",
+    "uninstall.nouveau_restored": "/etc/modprobe.d and /boot",
+    "uninstall.path_removed": "root-owned footprint paths the spec keeps outside user.home",
+    "uninstall.ray_unit_removed": "the systemd unit and the token in /etc",
 }
 
 
@@ -186,6 +195,8 @@ def _scenarios(tmp: Path) -> dict[str, list[tuple[dict, dict]]]:
                                f) for f in (missing, planted)],
         "verl.install": [({"python": PY, "checkout": ENV.verl_checkout, "version": "0.5.0",
                            "user": USER}, {})],
+        "uninstall.home_removed": [({"user": USER, "home": HOME, "policy": "remove"},
+                                    {Users: users, PathKinds: {HOME: "dir"}})],
     }  # fmt: skip
 
 
@@ -217,7 +228,8 @@ def test_no_operation_acts_under_the_home_as_root(tmp_path):
     # the walk did reach the writes: each of these acted in at least one case
     assert {"apex.put_wheel", "apex.fetch_wheel", "launch.launch_script", "training.stage",
             "training.launch_script", "training_user.directory", "verl.patch",
-            "verl.requirements", "training_user.training_user"} <= acted  # fmt: skip
+            "verl.requirements", "training_user.training_user",
+            "uninstall.home_removed"} <= acted  # fmt: skip
 
 
 def test_the_violation_check_sees_what_root_did_before():

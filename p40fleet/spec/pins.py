@@ -578,6 +578,10 @@ class Policy(BaseModel):
     # How long every apt step waits for the dpkg lock (unattended-upgrades holds it after boot)
     # before it fails naming the holder; seconds.
     dpkg_lock_wait_s: int = Field(default=600, ge=1, le=3600)
+    # What deploy/uninstall.py does with the training user: "keep" its account and home (the env,
+    # the checkout, models, data, checkpoints); "remove": the home's contents deleted as that
+    # user, then the empty home, the account and its group (docs/footprint.md).
+    uninstall_home: Literal["keep", "remove"] = "keep"
 
 
 class RayCluster(BaseModel):

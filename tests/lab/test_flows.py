@@ -747,3 +747,49 @@ def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
                                 "/home/verl/data; fi"))  # fmt: skip
         lab.ssh("lab1", "rm -rf /root/p40fleet-n1 /root/p40fleet-n3")
     assert_converged(full("--limit", "lab1"), hosts=("lab1",))
+
+
+def test_uninstall_removes_the_footprint_keeps_the_home_then_converges_again(fleet):
+    """deploy/uninstall.py on lab1 (issue 28.6): every path docs/footprint.md says goes is gone,
+    the driver through its own uninstaller, the distribution's apt sources are back, the home
+    and the account are kept; a second uninstall changes nothing; deploy/full.py --limit lab1
+    converges it again and it verifies."""
+    import runpy
+
+    from p40fleet import footprint
+    from p40fleet.spec.load import deep_merge, load_spec
+
+    lab, name = fleet["lab"], "lab1"
+    assert_converged(fleet["first"], hosts=(name,))  # what there is to uninstall
+    group = runpy.run_path(str(runs.REPO / "inventories/group_data/all.py"))["stack"]
+    spec = load_spec(name, deep_merge(group, lab.state["stack"]))
+    gone = [item.path(spec) for kind in ("remove", "cuda_link", "nouveau", "apt_mirror",
+                                         "apt_aside", "ray_unit", "driver")
+            for item in footprint.items(spec, undo=kind)]  # fmt: skip
+    assert "/usr/local/cuda-11.8" in gone and "/etc/apt/p40fleet-aside" in gone
+    present = " ".join(f"{p}" for p in gone)
+    listed = f"for p in {present}; do if [ -e $p ] || [ -L $p ]; then echo $p; fi; done"
+    before = lab.ssh(name, listed, check=True).stdout.split()
+    assert "/usr/local/cuda-11.8" in before and "/usr/bin/nvidia-uninstall" in before, before
+    t0 = time.monotonic()
+    first = full("--limit", name, deploy="deploy/uninstall.py")
+    took = time.monotonic() - t0
+    assert first.returncode == 0 and not first.errors[name], first.output[-5000:]
+    assert lab.ssh(name, listed, check=True).stdout.split() == [], first.output[-3000:]
+    assert lab.ssh(name, "modinfo -F version nvidia 2>/dev/null").stdout.strip() == ""
+    assert "deb.debian.org" in lab.ssh(name, "cat /etc/apt/sources.list", check=True).stdout
+    assert lab.ssh(name, "getent passwd p40fleet-apex").returncode == 2
+    assert lab.ssh(name, f"test -x {ENV_PYTHON} && id -u verl", check=True).stdout.strip() == (
+        str(spec.user.uid)
+    )  # the home (the env in it) and the account are kept by default
+    assert lab.ssh(name, "test -e /var/lib/p40fleet/run.lock").returncode == 1  # released
+    t1 = time.monotonic()
+    again = full("--limit", name, deploy="deploy/uninstall.py")
+    took_again = time.monotonic() - t1
+    assert again.returncode == 0 and again.changed_operations(name) == [], again.output[-3000:]
+    t2 = time.monotonic()
+    back = full("--limit", name)
+    print(f"uninstall {name}: {took:.1f} s, again: {took_again:.1f} s, "
+          f"deploy/full.py --limit {name}: {time.monotonic() - t2:.1f} s")  # fmt: skip
+    assert_converged(back, hosts=(name,))
+    assert lab.ssh(name, "modinfo -F version nvidia").stdout.strip() == spec.driver.version
