@@ -19,8 +19,6 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("deploy", "facts", "operations", "p40fleet", "p40lab")
 
@@ -151,7 +149,6 @@ def _describe(graph: dict[str, set[str]], component: list[str]) -> str:
     return f"  circle of {len(component)}: {', '.join(component)}\n" + "\n".join(arrows)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: the circles are cut in the next commits")
 def test_the_project_imports_in_no_circle():
     graph = import_graph()
     found = circles(graph)

@@ -21,8 +21,8 @@ from pyinfra import host, state
 from operations import run_lock
 from operations.refuse import refuse_host, refused_hosts
 from p40fleet import sshguard
+from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
-from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.verification.check import spec_failure
 
 __all__ = ["validated_spec"]
