@@ -29,7 +29,8 @@ from facts.survey import ask
 from facts.survey import install as keep_facts
 from operations import proxy
 from operations.artifacts import artifact_path
-from operations.refuse import refuse_host, validated_spec
+from operations.refuse import refuse_host
+from operations.run.spec import validated_spec
 from operations.survey import survey_host
 from p40fleet import deploy_frames, preflight, ssh_poll, sshguard
 from p40fleet.proxy import UNCHECKED, shell_prefix

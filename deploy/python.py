@@ -20,7 +20,8 @@ from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
 from facts.survey import ask
 from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
-from operations.refuse import refuse, validated_spec
+from operations.refuse import refuse
+from operations.run.spec import validated_spec
 from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.preflight import verl_refusal
 from p40fleet.privdrop import STAGE_DIR

@@ -19,7 +19,8 @@ from __future__ import annotations
 from pyinfra import host, local
 
 from operations import ray, ray_cluster
-from operations.refuse import refuse, validated_spec
+from operations.refuse import refuse
+from operations.run.spec import validated_spec
 from p40fleet.ray import RayError
 from p40fleet.spec import StackSpec
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pyinfra import local
 
 from operations import apt_source, artifacts, cuda, cudnn, driver, nouveau
-from operations.refuse import validated_spec
+from operations.run.spec import validated_spec
 
 # Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
 local.include("deploy/preflight.py")

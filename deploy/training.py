@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pyinfra import host, local, state
 
 from operations import launch, ray_cluster, training, training_user
-from operations.refuse import refuse, validated_spec
+from operations.refuse import refuse
+from operations.run.spec import validated_spec
 from p40fleet.launch import LaunchPlan
 from p40fleet.training import staged_dir
 

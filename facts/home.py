@@ -1,5 +1,5 @@
 """Files in the training user's home, read as that user (never root): what an upload there
-would replace (``operations.training_user.put_as``).
+would replace (``operations.util.as_user.put_as``).
 
 Root's ``File``/``Sha1File`` of a path the user controls follows a symlink the user planted
 and hangs on a FIFO (security review N1, N6); this fact runs as the user, reads a regular file

@@ -42,10 +42,10 @@ from pyinfra.operations import files
 
 from facts.conda import EnvDistributions, MarkerText
 from facts.survey import ask
-from operations.progress import Stopwatch
 from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
-from operations.training_user import as_user, mkdir_as, put_as
+from operations.util.as_user import as_user, mkdir_as, put_as
+from operations.util.progress import Stopwatch
 from p40fleet.apex_build import (
     BUILD_ACCOUNT,
     BUILD_HOME,

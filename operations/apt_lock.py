@@ -9,7 +9,7 @@ a ``flock`` probe cannot see), printing who holds it every :data:`PROGRESS_EVERY
 then apt runs with ``-o DPkg::Lock::Timeout=`` (apt >= 1.9.11; focal: 2.0) for what is left of
 the bound (the lock can be taken again between the loop and apt). Past the bound the step
 fails naming the host, the step, the holder and the fix. The output streams at pyinfra's
-default verbosity (:func:`operations.progress.streamed`).
+default verbosity (:func:`operations.util.progress.streamed`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.operations import apt
 
-from operations.progress import streamed
+from operations.util.progress import streamed
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy
 

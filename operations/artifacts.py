@@ -12,7 +12,7 @@ On the host, for ``/var/cache/p40fleet/X.run``::
 Download, verify, rename and marker are ONE shell command run under the lock, so two runs can
 never move each other's half-written file into place. A resumed file whose sum is wrong (the
 mirror's copy changed under it) is deleted and fetched whole once more. The command prints its
-progress (every 10 % or 30 s) and pyinfra shows it at default verbosity (operations.progress).
+progress (every 10 % or 30 s) and pyinfra shows it at default verbosity (operations.util.progress).
 
 A file already there without a valid marker (copied in by hand, touched, or not root's) is
 hashed once: kept if its sum matches, downloaded again if not. The cache dir must be root's and
@@ -30,8 +30,8 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.artifacts import ArtifactState, marker_path
 from facts.host import FreeSpace
 from facts.survey import ask
-from operations.progress import streamed
 from operations.refuse import refuse
+from operations.util.progress import streamed
 from p40fleet.proxy import shell_prefix
 from p40fleet.spec import Proxy, StackSpec
 

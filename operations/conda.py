@@ -41,7 +41,7 @@ from facts.conda import (
 )
 from facts.survey import ask
 from operations.refuse import refusal_message
-from operations.training_user import as_user
+from operations.util.as_user import as_user
 from p40fleet import condalock
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy

@@ -20,9 +20,9 @@ from facts.cuda import CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace
 from facts.survey import ask
 from operations.artifacts import format_bytes
-from operations.progress import Stopwatch
 from operations.refuse import refuse
-from operations.survey import rendered, same_file
+from operations.util.progress import Stopwatch
+from operations.util.unchanged import rendered, same_file
 from p40fleet.spec import cuda_release_of
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The training user's PPO launch script, rendered from ``files/launch-ppo.sh.j2``.
 
 The content comes from :func:`p40fleet.launch.plan_launch` (GPU facts + spec). It is written
-by the training user (``operations.training_user.put_as``: root stages it outside the home);
+by the training user (``operations.util.as_user.put_as``: root stages it outside the home);
 an identical file (same sha1, mode, owner, as the user reads it) changes nothing.
 """
 
@@ -18,8 +18,8 @@ from pyinfra.facts.server import Users
 from facts.home import UserFile
 from facts.survey import ask
 from operations.refuse import refuse
-from operations.survey import rendered
-from operations.training_user import put_as, same_user_file
+from operations.util.as_user import put_as
+from operations.util.unchanged import rendered, same_user_file
 from p40fleet.launch import LaunchPlan
 
 __all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path"]

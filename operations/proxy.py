@@ -15,7 +15,7 @@ from pyinfra.facts.files import File
 from pyinfra.operations import files
 
 from facts.survey import ask
-from operations.survey import same_file
+from operations.util.unchanged import same_file
 from p40fleet.proxy import PROXY_DIR, PROXY_FILE, file_text
 from p40fleet.spec import Proxy
 

@@ -5,15 +5,8 @@ the run for *every* host. A host whose settings are wrong must instead fail on i
 refusal is an operation: it is queued for that host only and fails when executed. pyinfra then
 marks the host failed and runs none of its later operations; the other hosts carry on.
 
-Use at the top of every deploy::
-
-    from operations.refuse import validated_spec
-
-    spec = validated_spec()
-    if spec is not None:
-        ...  # add this host's operations
-
-Real output (``@local`` with a bad spec next to a good second host)::
+Every deploy starts with ``operations.run.spec.validated_spec()``, which refuses a host with a
+bad spec this way. Real output (``@local`` with a bad spec next to a good second host)::
 
     --> Starting operation: Refuse: stack spec
         [@chroot//] Skipped
@@ -43,12 +36,6 @@ import sys
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
 
-from operations import run_lock
-from p40fleet import sshguard
-from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
-from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
-from p40fleet.verification.check import spec_failure
-
 __all__ = [
     "dry_run",
     "host_refusals",
@@ -56,15 +43,9 @@ __all__ = [
     "refuse",
     "refuse_option_ref",
     "say_when_dry",
-    "validated_spec",
 ]
 
 logger = logging.getLogger("pyinfra")
-
-_SPEC_REMEDY = (
-    "correct the value in the inventory (stack_host) or inventories/group_data/all.py (stack); "
-    "the defaults in p40fleet/spec/pins.py are the real pins"
-)
 
 
 def refusal_message(host_name: str, step: str, reason: str, remedy: str) -> str:
@@ -162,79 +143,6 @@ def refuse_host(
     refused_hosts().add(host.name)
     record_refusals(refusals if refusals is not None else [(step, reason, remedy)])
     refuse(step=step, reason=reason, remedy=remedy, name=name or f"Refuse: {step}")
-
-
-_SPECS_ATTR = "p40fleet_validated_specs"
-
-
-def _specs() -> dict[str, StackSpec]:
-    specs = getattr(state, _SPECS_ATTR, None)
-    if specs is None:
-        specs = {}
-        setattr(state, _SPECS_ATTR, specs)
-    return specs
-
-
-def validated_spec(*, lock: bool = True) -> StackSpec | None:
-    """The current host's StackSpec, or None after queueing a refusal if the spec is invalid.
-
-    Call at the top of every deploy; add no operations for the host when it returns None
-    (also when an earlier deploy of this run refused the host). With ``lock`` (deploys that
-    change hosts) this run's lock on the host is taken first (``operations.run_lock``); a host
-    another run holds is refused.
-    """
-    unchecked = sshguard.host_key_refusal(host)
-    if unchecked is not None and host.name not in refused_hosts():
-        # S17: before the run lock's fact (a root command); sshguard refuses any command too.
-        refuse_host(
-            step=HOST_KEY_STEP,
-            reason=unchecked.removeprefix(f"host {host.name}: "),
-            remedy=HOST_KEY_REMEDY,
-            name="Refuse: ssh host key",
-        )
-    if unchecked is not None:
-        return None
-    if lock and not run_lock.hold():
-        refused_hosts().add(host.name)
-        return None
-    if host.name in refused_hosts():
-        return None
-    specs = _specs()
-    if host.name in specs:
-        return specs[host.name]  # once per host and run (every deploy asks at its top)
-    try:
-        spec = spec_for_host(host)
-        specs[host.name] = spec
-        # Allowed, but said once: a per-host override of what the host trusts (security N13).
-        if anchors := trust_anchor_overrides(host.data.get("stack"), host.data.get("stack_host")):
-            host.log_styled(
-                f"stack_host replaces trust anchor(s) of stack: {', '.join(anchors)} "
-                "(this host only; check the inventory if that is not meant)",
-                fg="yellow",
-                log_func=logger.warning,
-            )
-        return spec
-    except SpecError as exc:
-        # SpecError lines are "host X: FIELD = VALUE: EXPECTED"; refusal adds "host X: step:".
-        prefix = f"host {exc.host}: "
-        reason = "\n".join(line.removeprefix(prefix) for line in exc.lines())
-        # Also say it while preparing: every field (a dry run prints each problem in full).
-        fields = list(dict.fromkeys(field for field, _, _ in exc.problems))
-        count = f"{len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}"
-        host.log_styled(
-            f"stack spec invalid ({count}: {', '.join(fields)}): this host will be refused",
-            fg="yellow",
-            log_func=logger.warning,
-        )
-        (check,) = spec_failure(line.removeprefix(prefix) for line in exc.lines())
-        refuse_host(
-            step="stack spec",
-            reason=reason,
-            remedy=_SPEC_REMEDY,
-            name="Refuse: stack spec",
-            refusals=[(check.name, check.detail, check.remedy)],  # as deploy/verify.py says it
-        )
-        return None
 
 
 def refuse_option_ref(step: str, ref: str, field: str, example: str):

@@ -1,6 +1,6 @@
 """The run lock: one p40fleet run per host at a time (``p40fleet.run_lock`` has the rules).
 
-``operations.refuse.validated_spec()`` calls :func:`hold` first, so every deploy that
+``operations.run.spec.validated_spec()`` calls :func:`hold` first, so every deploy that
 changes hosts takes the lock before its first operation, and a deploy included by another one
 (``deploy/full.py``) or named after it on the command line finds it already held by this run.
 
@@ -32,6 +32,7 @@ from pyinfra.api.state import BaseStateCallback
 
 from facts.run_lock import RunLock
 from facts.survey import ask
+from operations.refuse import record_refusals, refusal_message, say_when_dry
 from p40fleet import controller, run_lock
 from p40fleet.run_lock import DEFAULT_PATH, Holder
 
@@ -85,8 +86,6 @@ def _set(attr: str) -> set[str]:
 
 
 def _refusal(path: str, reason: str) -> FunctionCommand:
-    from operations.refuse import record_refusals, refusal_message, say_when_dry
-
     fix = run_lock.FIX.format(path=path)
     message = refusal_message(host.name, _STEP, reason, fix)  # one refusal format
     record_refusals([(_STEP, reason, fix)])

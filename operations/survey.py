@@ -7,19 +7,15 @@ deploys named in one call sends one fact command per host. A fact missing here i
 right, only asked on its own (``facts.survey.ask``); a host that changes asks live.
 
 Each list follows its deploy file and the operations' own asks (same classes, same
-arguments): change them together. Guards for pyinfra's own file operations
-(:func:`same_file`, :func:`same_dir`) decide "nothing to do" from the same answers, because
-``files.put``/``files.directory`` ask their facts with ``host.get_fact`` each time.
+arguments): change them together. The guards for pyinfra's own file operations
+(``operations.util.unchanged``) decide "nothing to do" from the same answers.
 """
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 from typing import Any
 
-from pyinfra import host, state
-from pyinfra.api.util import get_template
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import Groups, Users
 
@@ -43,7 +39,7 @@ from facts.host import Cpus, FreeSpace, KernelHeaders, LinuxDistribution, MemTot
 from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
 from facts.packages import DebInstalled
 from facts.run_lock import RunLock
-from facts.survey import Part, ask, part, survey
+from facts.survey import Part, part, survey
 from facts.training import ModelConfig, StagedDir
 from facts.verl import GitCheckout, VerlPatchCheck
 from p40fleet.proxy import PROXY_FILE
@@ -51,55 +47,7 @@ from p40fleet.run_lock import DEFAULT_PATH
 from p40fleet.spec import ARTIFACTS, StackSpec
 from p40fleet.training import staged_dir
 
-__all__ = ["layer_parts", "rendered", "same_dir", "same_file", "survey_host"]
-
-
-def _mode(mode: Any) -> int | None:
-    """A mode as pyinfra's ``File``/``Directory`` facts give it (``"644"`` -> ``644``)."""
-    return None if mode is None else int(str(mode), 10)
-
-
-def same_file(
-    dest: str, content: bytes, user: str | None = None, group: str | None = None, mode: Any = None
-) -> bool:
-    """``dest`` is a file with exactly ``content``, owner, group and mode (those given): what
-    ``files.put`` would leave unchanged (said as it says it). False when unsure: ``files.put``
-    then decides."""
-    info = ask(host, File, path=dest)
-    if not info:
-        return False
-    if ask(host, Sha1File, path=dest) != hashlib.sha1(content).hexdigest():
-        return False
-    if user and info.get("user") != user or group and info.get("group") != group:
-        return False
-    if mode is not None and info.get("mode") != _mode(mode):
-        return False
-    host.noop(f"file {dest} is already uploaded")  # as files.put says it
-    return True
-
-
-def same_dir(
-    path: str, user: str | None = None, group: str | None = None, mode: Any = None
-) -> bool:
-    """``path`` is a directory with this owner, group and mode (those given): what
-    ``files.directory`` would leave unchanged."""
-    info = ask(host, Directory, path=path)
-    if not info:
-        return False
-    if user and info.get("user") != user or group and info.get("group") != group:
-        return False
-    if mode is not None and info.get("mode") != _mode(mode):
-        return False
-    host.noop(f"directory {path} already exists")  # as files.directory says it
-    return True
-
-
-def rendered(src: str, jinja_env_kwargs: dict | None = None, **data: Any) -> bytes:
-    """The text ``files.template`` uploads for ``src`` (same data: host, state, inventory)."""
-    data.setdefault("host", host)
-    data.setdefault("state", state)
-    data.setdefault("inventory", state.inventory)
-    return get_template(src, jinja_env_kwargs).render(data).encode()
+__all__ = ["layer_parts", "survey_host"]
 
 
 def _artifact_path(spec: StackSpec, item: str) -> str:

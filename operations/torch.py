@@ -17,7 +17,7 @@ from pyinfra.operations import files
 from facts.conda import EnvDistributions
 from facts.survey import ask
 from operations.refuse import refusal_message
-from operations.training_user import as_user
+from operations.util.as_user import as_user
 from p40fleet import hashlock
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy

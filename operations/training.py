@@ -35,7 +35,7 @@ from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import artifacts
 from operations import launch as launch_ops
 from operations.refuse import refuse
-from operations.training_user import as_user
+from operations.util.as_user import as_user
 from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, plan_launch
 from p40fleet.spec import StackSpec
 from p40fleet.training import (

@@ -7,32 +7,21 @@ as is (``useradd -M``): never recreated from the skeleton, never wiped.
 
 from __future__ import annotations
 
-import hashlib
-import posixpath
-from collections.abc import Iterator
-from io import BytesIO
-from typing import Any
-
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
-from facts.home import UserFile
 from facts.survey import ask
 from operations.refuse import refuse
-from operations.survey import same_dir
-from p40fleet.privdrop import STAGE_DIR, copy_in_script
+from operations.util.as_user import as_user
+from operations.util.unchanged import same_dir
 
 __all__ = [
     "HOME_MODE",
     "SYSTEM_UID_MAX",
-    "as_user",
     "home_owner_problem",
-    "mkdir_as",
-    "put_as",
-    "same_user_file",
     "training_user",
 ]
 
@@ -160,7 +149,7 @@ def directory(path: str, user: str, group: str, mode: str):
     """
     A directory of the training user, made and fixed BY that user (``mkdir -p``, ``chgrp``,
     ``chmod`` as ``user``: root never follows a link the user put there, N3); nothing asked
-    again when the survey already shows it right (``operations.survey.same_dir``).
+    again when the survey already shows it right (``operations.util.unchanged.same_dir``).
 
     Refuses the host when ``path`` is not a directory (a symlink, a file: N6) or belongs to
     another user (the training user cannot fix that, and root does not act there).
@@ -189,58 +178,6 @@ def directory(path: str, user: str, group: str, mode: str):
             "mkdir -p", q, "&& chgrp", QuoteString(group), q, "&& chmod", QuoteString(mode), q
         ),
     )
-
-
-def as_user(user: str | None, command: StringCommand) -> StringCommand:
-    """``command`` run as ``user`` through ``su`` (unchanged when ``user`` is None).
-
-    Used instead of pyinfra's ``_su_user`` so that facts keep running as the connecting user:
-    on a fresh host the training user does not exist yet while facts are gathered.
-    """
-    if not user:
-        return command
-    return StringCommand("su -s /bin/sh", QuoteString(user), "-c", QuoteString(command))
-
-
-def mkdir_as(user: str, path: str):
-    """Yield ``mkdir -p path`` as ``user`` when ``path`` is not a directory yet: an upload into
-    the user's home then leaves no root-owned parent (``files.put`` would create the parents as
-    root and chown only the last)."""
-    if not ask(host, Directory, path=path):
-        yield as_user(user, StringCommand("mkdir -p", QuoteString(path)))
-
-
-def same_user_file(dest: str, content: bytes, user: str, mode: Any = None) -> bool:
-    """``dest`` is a regular file of ``user`` with exactly ``content`` (and ``mode``), as the
-    user reads it (``facts.home.UserFile``, in the survey): nothing to upload."""
-    info = ask(host, UserFile, path=dest, user=user)
-    if info.kind != "file" or info.sha1 != hashlib.sha1(content).hexdigest():
-        return False
-    if info.owner != user or mode is not None and info.mode != int(str(mode), 10):
-        return False
-    host.noop(f"file {dest} is already uploaded")
-    return True
-
-
-def put_as(user: str, content: bytes | str, dest: str, mode: str = "644") -> Iterator[Any]:
-    """Yield the commands that make ``dest`` (under the training user's home) hold ``content``
-    with ``mode``, written by ``user``: root uploads it into its own 0700 ``STAGE_DIR`` and
-    streams it to ``user``'s copy (temp file, rename over ``dest``), then removes its copy.
-    Root never opens, chowns or chmods ``dest`` (N1); a link there is replaced, not followed.
-    ``content``: the bytes, or the path of a local file."""
-    # named after dest (a local file, e.g. the Apex wheel, may not exist until this run builds it)
-    name = hashlib.sha1(dest.encode()).hexdigest()[:16]
-    staged = posixpath.join(STAGE_DIR, f"{name}-{posixpath.basename(dest)}")
-    yield StringCommand("install -d -m 700", QuoteString(STAGE_DIR))
-    yield FileUploadCommand(
-        content if isinstance(content, str) else BytesIO(content),
-        staged,
-        remote_temp_filename=host.get_temp_filename(staged),
-    )
-    yield StringCommand(
-        as_user(user, StringCommand(copy_in_script(dest, mode))),
-        "<", QuoteString(staged), "; rc=$?; rm -f", QuoteString(staged), "; exit $rc",
-    )  # fmt: skip
 
 
 def queued_hosts(state) -> set[str]:

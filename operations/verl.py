@@ -18,9 +18,9 @@ from facts.conda import EnvDistributions, MarkerText
 from facts.survey import ask
 from facts.verl import GitCheckout, VerlPatchCheck
 from operations.refuse import refuse, refuse_option_ref
-from operations.survey import same_file
 from operations.torch import pip_command, same_version
-from operations.training_user import as_user, mkdir_as, put_as, same_user_file
+from operations.util.as_user import as_user, mkdir_as, put_as
+from operations.util.unchanged import same_file, same_user_file
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy
 from p40fleet.verl_patches import APPLIER_PATH

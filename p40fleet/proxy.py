@@ -9,7 +9,7 @@ environment of the shell that runs COMMAND:
   0600 file (:func:`file_text`, written by ``operations.proxy.credentials`` in the preflight),
   so the password is never on a command line (``ps``), in pyinfra's output or in a log.
 
-Commands run as the training user (``su`` in ``operations.training_user.as_user``) are wrapped
+Commands run as the training user (``su`` in ``operations.util.as_user.as_user``) are wrapped
 outside the ``su``: root reads the file, ``su`` (not a login shell) keeps the environment.
 Commands dropped with ``env -i`` (:mod:`p40fleet.privdrop`) get the variables passed explicitly.
 """

@@ -51,6 +51,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
+from p40fleet.host_key import REFUSED as GUARD_REFUSED
 from p40fleet.spec import StackSpec
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict
 
@@ -247,9 +249,6 @@ def connect_entry(name: str, kind: str | None = None, error: str | None = None) 
     else at that address) or that known_hosts lacks: UNREACHABLE with its own check, whose fix
     is ``python -m p40fleet.rekey``. Else UNREACHABLE with pyinfra's own error.
     """
-    from p40fleet.sshguard import HOST_KEY_REMEDY, HOST_KEY_STEP
-    from p40fleet.sshguard import REFUSED as GUARD_REFUSED
-
     if kind is None or error is None:
         return unreachable_entry()
     if kind == GUARD_REFUSED:

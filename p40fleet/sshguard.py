@@ -34,10 +34,9 @@ from paramiko import SSHException
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.connectors.ssh import SSHConnector
 
+from p40fleet.host_key import REFUSED
+
 __all__ = [
-    "HOST_KEY_REMEDY",
-    "HOST_KEY_STEP",
-    "REFUSED",
     "connect_failure",
     "host_key_refusal",
     "install",
@@ -45,14 +44,6 @@ __all__ = [
 
 _GUARDED = ("run_shell_command", "put_file", "get_file")
 
-#: The refusal of a host whose key would not be checked: its step and fix (every entry point).
-HOST_KEY_STEP = "ssh host key"
-HOST_KEY_REMEDY = (
-    "set ssh_strict_host_key_checking=yes with the hosts' keys in ssh_known_hosts_file "
-    "(python -m p40fleet.rekey records a new one), then re-run"
-)
-#: :func:`connect_failure`'s kind for a host this guard refused (else ``"error"``).
-REFUSED = "refused"
 _FAILURES_ATTR = "p40fleet_connect_failures"
 
 

@@ -59,7 +59,7 @@ __all__ = ["FactKey", "MissingFact", "OpResult", "at", "make_host", "run_op"]
 
 #: Names a refusal's FunctionCommand may have (operations.refuse.refuse uses ``_fail``).
 FAIL_FUNCTION_NAMES = ("_fail", "_refuse")
-#: Timing steps (operations.progress.Stopwatch) change nothing: left out of ``commands``.
+#: Timing steps (operations.util.progress.Stopwatch) change nothing: left out of ``commands``.
 TIMING_TEXTS = ("function _stopwatch_start", "function _stopwatch_stop")
 
 
@@ -207,7 +207,7 @@ def run_op(
         for command in func(*args, **kwargs):
             result.raw.append(command)
             text = _render(command, result)
-            if text not in TIMING_TEXTS:  # operations.progress.Stopwatch: in raw/functions only
+            if text not in TIMING_TEXTS:  # util.progress.Stopwatch: in raw/functions only
                 result.commands.append(text)
     return result
 

@@ -232,7 +232,7 @@ def test_apt_source_update_waits_for_the_lock_and_keeps_its_own_remedy():
 
 def test_no_apt_command_in_operations_bypasses_the_lock_wait():
     """pyinfra's apt operations and apt-get command lines only through operations.apt_lock."""
-    for path in sorted((REPO / "operations").glob("*.py")):
+    for path in sorted((REPO / "operations").rglob("*.py")):  # util/, run/ too
         if path.name == "apt_lock.py":
             continue
         text = path.read_text()

@@ -581,7 +581,7 @@ def test_fact_reads_owner_and_mode_of_dir_file_and_marker(tmp_path):
 def test_streamed_step_prints_output_and_keeps_the_operations_sudo():
     from pyinfra.api import StringCommand
 
-    from operations import progress
+    from operations.util import progress
 
     calls, logs = [], []
 

@@ -27,6 +27,7 @@ from facts.home import UserFile, UserFileState
 from facts.host import FreeSpace, FreeSpaceInfo
 from facts.training import StagedDir, StagedDirState
 from operations import training, training_user
+from operations.util import as_user
 from p40fleet import apex_build, verl_patches
 from p40fleet.launch import plan_launch
 from p40fleet.privdrop import STAGE_DIR, copy_in_script
@@ -89,10 +90,11 @@ ROOT_ONLY = {
 
 
 def _operations() -> set[str]:
-    """Every ``@operation`` of operations/ as ``module.name``."""
+    """Every ``@operation`` of operations/ (util/ and run/ included) as ``module.name``."""
     found = set()
-    for path in sorted((REPO / "operations").glob("*.py")):
-        module = importlib.import_module(f"operations.{path.stem}")
+    for path in sorted((REPO / "operations").rglob("*.py")):
+        dotted = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        module = importlib.import_module(dotted)
         for name, obj in vars(module).items():
             if hasattr(obj, "_inner") and getattr(obj, "__module__", "") == module.__name__:
                 found.add(f"{path.stem}.{name}")
@@ -244,7 +246,7 @@ def test_the_violation_check_sees_what_root_did_before():
     assert home_violations(fake(FileDownloadCommand(f"{WORK}/apex-wheel.tar", "/tmp/x")))
     assert home_violations(fake(StringCommand("chown", f"{USER}:{USER}", QuoteString(script))))
     assert home_violations(fake(StringCommand("sh -c", QuoteString(f"tar -xf a -C {HOME}/m"))))
-    wrapped = training_user.as_user(USER, StringCommand("mkdir -p", QuoteString(f"{HOME}/d")))
+    wrapped = as_user.as_user(USER, StringCommand("mkdir -p", QuoteString(f"{HOME}/d")))
     assert not home_violations(fake(wrapped))
     assert home_violations(fake(StringCommand(wrapped, "&& chmod 750", QuoteString(f"{HOME}/d"))))
 
@@ -349,7 +351,7 @@ def test_put_as_streams_root_stage_file_to_the_user_for_real(scratch):
     stage = scratch / "stage"
 
     def op():
-        yield from training_user.put_as("nobody", b"#!/bin/bash\n", str(dest), "755")
+        yield from as_user.put_as("nobody", b"#!/bin/bash\n", str(dest), "755")
 
     r = run_op(op)
     upload = next(c for c in r.raw if isinstance(c, FileUploadCommand))

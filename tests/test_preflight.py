@@ -1,4 +1,5 @@
-"""operations.refuse: a bad spec refuses its host only, at execution, and changes nothing.
+"""operations.refuse (and operations.run.spec.validated_spec): a bad spec refuses its host only, at
+execution, and changes nothing.
 
 End to end: each test writes a tiny inventory + deploy into tmp and runs the real ``pyinfra``
 CLI on the local machine. The deploy calls ``validated_spec()`` and then touches a marker file
@@ -27,7 +28,7 @@ DEPLOY = """
 from pyinfra import host
 from pyinfra.operations import files
 
-from operations.refuse import validated_spec
+from operations.run.spec import validated_spec
 
 spec = validated_spec()
 if spec is not None:

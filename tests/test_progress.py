@@ -1,4 +1,4 @@
-"""operations.progress: the CUDA install and the Apex build say where their log is and how long
+"""operations.util.progress: the CUDA install and the Apex build say where their log is and how long
 they took; the Stopwatch steps run for real against a fake host."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from pyinfra.api import FunctionCommand, StringCommand
 
 from facts.cuda import CudaInstall, CudaToolkit, GccMajor
 from facts.host import FreeSpace, FreeSpaceInfo
-from operations import apex, cuda, progress
+from operations import apex, cuda
+from operations.util import progress
 from tests.opharness import at, run_op
 
 TMP = "/var/cache/p40fleet"

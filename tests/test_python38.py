@@ -107,7 +107,7 @@ def test_every_system_python3_site_is_listed():
     """A ``python3 -c``/``python3 -`` command in operations/ or facts/ must be in the map."""
     found = set()
     for sub in ("operations", "facts"):
-        for path in sorted((ROOT / sub).glob("*.py")):
+        for path in sorted((ROOT / sub).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     if re.search(r"\bpython3?(\.\d+)? (-c|-)( |$)", node.value):

@@ -279,7 +279,7 @@ def test_operation_changes_nothing_while_preparing():
 
 DEPLOY = """
 from pyinfra.operations import server
-from operations.refuse import validated_spec
+from operations.run.spec import validated_spec
 from operations.run_lock import hold
 spec = validated_spec()
 if spec is not None:

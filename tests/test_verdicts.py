@@ -23,7 +23,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from p40fleet import report, sshguard
+from p40fleet import host_key, report
 
 REPO = Path(__file__).resolve().parent.parent
 STRICT = "'ssh_strict_host_key_checking': 'yes'"
@@ -190,10 +190,10 @@ def test_connect_entry_words():
     down = report.connect_entry("h", "error", "Could not connect ([Errno 111] Connection refused)")
     assert down["checks"][0]["name"] == "connect"
     assert "Connection refused" in down["checks"][0]["detail"]
-    refused = report.connect_entry("h", sshguard.REFUSED, "host h: key not checked")
+    refused = report.connect_entry("h", host_key.REFUSED, "host h: key not checked")
     assert refused["verdict"] == "REFUSED"
     assert refused["checks"][0]["detail"] == "key not checked"
-    assert refused["checks"][0]["remedy"] == sshguard.HOST_KEY_REMEDY
+    assert refused["checks"][0]["remedy"] == host_key.HOST_KEY_REMEDY
 
 
 def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
