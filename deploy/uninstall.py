@@ -21,7 +21,7 @@ from pyinfra import host, state
 
 from facts.survey import install as keep_facts
 from operations import uninstall
-from operations.refuse import validated_spec
+from operations.run.spec import validated_spec
 from p40fleet import deploy_frames, footprint, ssh_poll, sshguard
 
 sshguard.install()

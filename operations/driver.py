@@ -18,6 +18,7 @@ from facts.packages import DebInstalled
 from facts.survey import ask
 from operations import apt_lock, run_lock
 from operations.refuse import refuse
+from p40fleet.footprint import BUILD_PACKAGES  # one list: the deploy, the footprint, the mirror
 from p40fleet.profile import driver_branch, driver_supports
 from p40fleet.spec import Proxy
 
@@ -27,7 +28,6 @@ __all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
 #: decided from its own dpkg state: a stock Ubuntu 20.04 server has none of them. Without
 #: ``dkms`` the runfile's ``--dkms`` skips DKMS silently and the first kernel update boots
 #: without ``nvidia.ko``; without pkg-config and libglvnd-dev it only warns (and guesses paths).
-BUILD_PACKAGES = ("dkms", "build-essential", "pkg-config", "libglvnd-dev")
 DKMS_PACKAGE = "dkms"
 REBOOT_DELAY_S = 2
 REBOOT_TIMEOUT_S = 600

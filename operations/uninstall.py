@@ -31,7 +31,7 @@ from facts.nouveau import FileStampFact
 from facts.survey import ask
 from operations import ray
 from operations.refuse import refuse
-from operations.training_user import as_user
+from operations.util.as_user import as_user
 from p40fleet import footprint
 from p40fleet.footprint import BLACKLIST_FILE, MIRROR_KEYS, MIRROR_LIST, Item
 from p40fleet.ray import UNIT_NAME, UNIT_PATH

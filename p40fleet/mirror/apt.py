@@ -77,7 +77,7 @@ def deploy_packages(kernels: Sequence[str]) -> list[str]:
     checkout = str(Path(__file__).resolve().parents[2])  # operations/ is not installed
     if checkout not in sys.path:
         sys.path.append(checkout)
-    from operations.driver import BUILD_PACKAGES  # the one list the operation installs
+    from p40fleet.footprint import BUILD_PACKAGES  # the one list operations.driver installs
 
     return [*BUILD_PACKAGES, *(f"linux-headers-{k}" for k in kernels)]
 
