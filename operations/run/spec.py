@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 
 from pyinfra import host, state
+from pyinfra.api.exceptions import PyinfraError
 
 from operations import run_lock
 from operations.refuse import refuse_host, refused_hosts
 from p40fleet import sshguard
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
+from p40fleet.run_mode import NO_WAIT_REMEDY, NO_WAIT_STEP, no_wait_refusal
 from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
 from p40fleet.verification.check import spec_failure
 
@@ -65,6 +67,9 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
         )
     if unchecked is not None:
         return None
+    mode = no_wait_refusal() if lock else None
+    if mode is not None:  # the whole run's mode, not one host's: refused before any host
+        raise PyinfraError(f"{NO_WAIT_STEP}: {mode}; fix: {NO_WAIT_REMEDY}")
     if lock and not run_lock.hold():
         refused_hosts().add(host.name)
         return None
