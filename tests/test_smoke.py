@@ -414,6 +414,7 @@ def test_the_cluster_row_on_simulated_hosts_says_what_fails_and_where_it_is_meas
     assert "fsdp_workers.py:122 (No available nccl backend found on device type cpu)" in (
         check.detail
     )
+    assert "span 2 lab hosts with gloo over a Ray that offers both" in check.detail
     assert smoke.MULTI_NODE_DOC in check.detail and "`smoke step` is the proof" in check.detail
     assert (Path(__file__).parents[1] / smoke.MULTI_NODE_DOC).is_file()
 

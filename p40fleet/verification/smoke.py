@@ -357,7 +357,7 @@ def cluster_skip(*, simulated: bool, members: Sequence[str], gpus_per_node: int)
             "0 is less than total desired GPUs N); the lab-cpu verl copy is only in the head's "
             "scratch dir, and a member that imports its own ~/verl stops at "
             "fsdp_workers.py:122 (No available nccl backend found on device type cpu). verl on "
-            "CPU does span 2 Ray nodes with gloo when each offers both (one machine, "
+            "CPU does span 2 lab hosts with gloo over a Ray that offers both (by hand, "
             f"{MULTI_NODE_DOC}); each host's own `{CHECK}` is the proof here"
         )
     else:
