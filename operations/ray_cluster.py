@@ -46,12 +46,13 @@ from p40fleet.ray import (
     save_members,
 )
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
-from p40fleet.verification import collective
+from p40fleet.verification import collective, smoke
 from p40fleet.verification.check import FAIL, SKIP, Check, simulated_in_inventory
 from p40fleet.verification.ray_checks import left_out_checks, ray_checks
 
 __all__ = [
     "Membership",
+    "cluster_smoke_checks",
     "collective_checks",
     "configured",
     "expected_nodes",
@@ -236,6 +237,21 @@ def verify_checks(spec: StackSpec) -> list[Check]:
         ray_gpus=pci if members.trains(host.name) else 0,  # a head that does not train: 0
         simulated=simulated_in_inventory(host.data),
     )
+
+
+def cluster_smoke_checks(spec: StackSpec) -> list[Check]:
+    """``verify --smoke`` on a Ray cluster: the head's ``smoke step (cluster)`` row, a SKIP that
+    says why no step with the cluster's plan runs (``smoke.cluster_skip``). Nothing on another
+    host, without a plan (``ray`` FAILs then) or with one training node (its own step is it)."""
+    if not configured(spec):
+        return []
+    members = membership(spec)
+    shape = members.shape
+    if shape is None or host.name != members.head or shape.nnodes < 2:
+        return []
+    simulated = simulated_in_inventory(host.data)
+    return [smoke.cluster_skip(simulated=simulated, members=shape.members,
+                               gpus_per_node=shape.gpus_per_node)]  # fmt: skip
 
 
 def _member_address(name: str) -> str:

@@ -41,6 +41,7 @@ from p40fleet import report
 from p40fleet.verification import TABLE_ENV
 from p40fleet.verification import collective as coll
 from p40fleet.verification.smoke import CHECK as SMOKE_CHECK
+from p40fleet.verification.smoke import CLUSTER_CHECK as SMOKE_CLUSTER_CHECK
 from p40fleet.verification.smoke import (
     DEFAULT_TIMEOUT_S,
     MIN_TIMEOUT_S,
@@ -311,12 +312,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_smoke(fleet: dict) -> None:
-    """One line per host with a smoke step (the table shows a PASS only with -v)."""
+    """One line per host with a smoke step (the table shows a PASS only with -v), and the Ray
+    head's ``smoke step (cluster)`` line."""
     for name, entry in sorted((fleet.get("hosts") or {}).items()):
         for check in entry.get("checks") or []:
-            if check.get("name") == SMOKE_CHECK:
+            if check.get("name") in (SMOKE_CHECK, SMOKE_CLUSTER_CHECK):
                 fix = f" (fix: {check['remedy']})" if check.get("remedy") else ""
-                print(f"smoke step {name}: {check['status']} {check['detail']}{fix}")
+                print(f"{check['name']} {name}: {check['status']} {check['detail']}{fix}")
 
 
 def _print_collective(fleet: dict) -> None:

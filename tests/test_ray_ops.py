@@ -423,3 +423,29 @@ def test_the_collective_runs_on_the_head_over_the_training_nodes(fleet, monkeypa
     monkeypatch.setattr(limited, "host", members["lab2"])
     (skip,) = limited.collective_checks(SPEC)
     assert skip.status == "SKIP" and "runs on the Ray head lab1" in skip.detail
+
+
+def test_the_heads_smoke_row_says_why_no_cluster_step_runs(fleet, monkeypatch):
+    """verify --smoke on a cluster of 2+ training nodes: the head (only) carries one
+    ``smoke step (cluster)`` SKIP naming the plan; simulated hosts get the measured reason."""
+    from p40fleet.verification.check import SIM_DATA
+
+    three = {"lab1": [P40], "lab2": [P40], "lab3": [P100]}  # 3 nodes x 1 GPU train
+    ray_cluster, members = fleet(three)
+    for m in members.values():
+        m.data[SIM_DATA] = True
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    (row,) = ray_cluster.cluster_smoke_checks(SPEC)
+    assert (row.name, row.status) == ("smoke step (cluster)", "SKIP")
+    assert "not run on simulated hosts: the cluster's plan 3 node(s) x 1 GPU(s) (lab1, lab2, " \
+        "lab3)" in row.detail  # fmt: skip
+    for name in ("lab2", "lab3"):  # the members add nothing
+        monkeypatch.setattr(ray_cluster, "host", members[name])
+        assert ray_cluster.cluster_smoke_checks(SPEC) == []
+    ray_cluster, members = fleet({"lab1": [P40] * 2, "lab2": [P40] * 2})  # GPU hosts: 2 x 2
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    (row,) = ray_cluster.cluster_smoke_checks(SPEC)
+    assert row.status == "SKIP" and "2 node(s) x 2 GPU(s) (lab1, lab2) is not built" in row.detail
+    ray_cluster, members = fleet()  # the demo fleet trains on one node (lab2 x 8): no row
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    assert ray_cluster.cluster_smoke_checks(SPEC) == []

@@ -397,3 +397,30 @@ def test_the_cpu_step_names_its_ray_to_a_left_out_hosts_launch_script():
     job = render_job(SmokeTargets("verl", "/py", "/home/verl/launch-ppo.sh", "/v", "v0.5.0", 1, 60))
     cpu_branch = job.split('if [ "$SIM" = yes ]; then', 1)[1].split("\nelse\n", 1)[0]
     assert "export RAY_ADDRESS=auto P40FLEET_RAY_ADDRESS=auto" in cpu_branch
+
+
+# --- the cluster's step (issue 25, section 4): not run, and the head says why ---------------
+
+
+def test_the_cluster_row_on_simulated_hosts_says_what_fails_and_where_it_is_measured():
+    check = smoke.cluster_skip(simulated=True, members=("lab1", "lab2", "lab3"), gpus_per_node=1)
+    assert (check.name, check.status) == ("smoke step (cluster)", "SKIP")
+    assert check.detail.startswith("not run on simulated hosts: the cluster's plan 3 node(s) x "
+                                   "1 GPU(s) (lab1, lab2, lab3)")  # fmt: skip
+    # the two obstacles, each with verl's file:line and its error text
+    assert "ray_trainer.py:133: Total available GPUs 0 is less than total desired GPUs" in (
+        check.detail
+    )
+    assert "fsdp_workers.py:122 (No available nccl backend found on device type cpu)" in (
+        check.detail
+    )
+    assert "span 2 lab hosts with gloo over a Ray that offers both" in check.detail
+    assert smoke.MULTI_NODE_DOC in check.detail and "`smoke step` is the proof" in check.detail
+    assert (Path(__file__).parents[1] / smoke.MULTI_NODE_DOC).is_file()
+
+
+def test_the_cluster_row_on_gpu_hosts_says_the_step_is_not_built():
+    check = smoke.cluster_skip(simulated=False, members=("gpu1", "gpu2"), gpus_per_node=8)
+    assert (check.name, check.status) == ("smoke step (cluster)", "SKIP")
+    assert "2 node(s) x 8 GPU(s) (gpu1, gpu2) is not built into --smoke" in check.detail
+    assert "simulated" not in check.detail

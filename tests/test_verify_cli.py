@@ -156,6 +156,7 @@ checks = [Check("torch version", "PASS", "2.6.0+cu118 True (6, 1)"),
           Check("torch cuda", "SKIP", "simulated host: no real GPU behind torch.cuda")]
 if "verify_smoke=yes" in sys.argv:
     checks.append(Check("smoke step", "PASS", "CPU (simulated host): 1 PPO step in 0.27 s"))
+    checks.append(Check("smoke step (cluster)", "SKIP", "not run on simulated hosts: why"))
 report.write_report(report.build_report({"lab1": report.host_entry(checks)}),
                     os.environ["P40FLEET_REPORT"])
 print("fake pyinfra args:", " ".join(sys.argv[1:]))
@@ -197,6 +198,7 @@ def test_smoke_prints_each_hosts_step_even_without_verbose(fake_pyinfra, capsys)
     assert verify_cli.main(["@local", "-q", "--smoke"]) == 0
     printed = capsys.readouterr().out
     assert "smoke step lab1: PASS CPU (simulated host): 1 PPO step in 0.27 s" in printed
+    assert "smoke step (cluster) lab1: SKIP not run on simulated hosts: why" in printed
     assert verify_cli.main(["@local", "-q"]) == 0
     assert "smoke step" not in capsys.readouterr().out
 

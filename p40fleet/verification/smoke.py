@@ -36,12 +36,14 @@ from p40fleet.verification.check import (
 
 __all__ = [
     "CHECK",
+    "CLUSTER_CHECK",
     "DEFAULT_TIMEOUT_S",
     "LOG_LINES",
     "RESPONSE_LENGTH",
     "PROMPT_LENGTH",
     "SCRATCH",
     "SmokeRun",
+    "cluster_skip",
     "cpu_ray_start_args",
     "gpus_per_node",
     "parse_metrics",
@@ -53,6 +55,11 @@ __all__ = [
 ]
 
 CHECK = "smoke step"
+#: The head's row for a step spanning the cluster (issue 25, section 4): not run yet, see
+#: :func:`cluster_skip` and :data:`MULTI_NODE_DOC`.
+CLUSTER_CHECK = "smoke step (cluster)"
+#: What was tried, what fails and what a cluster step needs.
+MULTI_NODE_DOC = "docs/multi-node-step.md"
 #: Default bound of one smoke run (ray start + main_ppo + ray stop): a cold start on a loaded
 #: 2-core lab host took about 200 s (issue 25, the CPU probe), a GPU host loads more.
 DEFAULT_TIMEOUT_S = 600
@@ -334,3 +341,28 @@ def smoke_check(
         f"{where}: {said}, {logged}; {error}{used}; last lines: {_tail(run)}",
         _fix(run, timeout_s),
     )
+
+
+def cluster_skip(*, simulated: bool, members: Sequence[str], gpus_per_node: int) -> Check:
+    """The Ray head's ``smoke step (cluster)`` row: why ``--smoke`` steps every host alone and
+    not the cluster's plan (``members`` x ``gpus_per_node``). On simulated hosts the step cannot
+    run over the fleet's Ray cluster as it is (measured: :data:`MULTI_NODE_DOC`); on GPU hosts
+    the cluster step is not built."""
+    plan = f"{len(members)} node(s) x {gpus_per_node} GPU(s) ({', '.join(members)})"
+    if simulated:
+        why = (
+            f"not run on simulated hosts: the cluster's plan {plan} needs every member's Ray "
+            "node to offer verl a GPU and a `cpu` resource, and the fleet's Ray units on "
+            "simulated hosts offer neither (verl 0.5.0 ray_trainer.py:133: Total available GPUs "
+            "0 is less than total desired GPUs N); the lab-cpu verl copy is only in the head's "
+            "scratch dir, and a member that imports its own ~/verl stops at "
+            "fsdp_workers.py:122 (No available nccl backend found on device type cpu). verl on "
+            "CPU does span 2 lab hosts with gloo over a Ray that offers both (by hand, "
+            f"{MULTI_NODE_DOC}); each host's own `{CHECK}` is the proof here"
+        )
+    else:
+        why = (
+            f"not run: a step with the cluster's plan {plan} is not built into --smoke yet "
+            f"({MULTI_NODE_DOC}); each host's own `{CHECK}` steps its GPUs alone"
+        )
+    return Check(CLUSTER_CHECK, SKIP, why)
