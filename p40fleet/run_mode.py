@@ -1,8 +1,8 @@
 """Which of pyinfra's run modes the deploys support.
 
 pyinfra runs each operation on every host before the next one starts, unless ``--no-wait``
-(``pyinfra.api.operations._run_no_wait_ops``: every host runs all its operations at its own
-pace). The Apex wheel is built on one host and fetched by the others at the next operation
+(every host then runs all its operations at its own pace, pyinfra's ``run_ops(no_wait=True)``).
+The Apex wheel is built on one host and fetched by the others at the next operation
 (``operations/apex_fleet.py``): under ``--no-wait`` a host would look for the wheel before its
 builder made it. ``--serial`` (host by host, in inventory order: the builder first) and
 ``--parallel N`` (batches, still waiting at each operation) keep that order. pyinfra 3's
