@@ -17,7 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from p40fleet import gendoc
 from p40fleet.apex_build import BUILD_ACCOUNT, BUILD_HOME, BUILD_LOG_DIR
+from p40fleet.gendoc import cell
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import PROXY_DIR, PROXY_FILE
 from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH
@@ -214,10 +216,6 @@ def items(spec: StackSpec, undo: str | None = None) -> list[Item]:
     return [item for item in FOOTPRINT if undo is None or item.undo == undo]
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def render(spec: StackSpec | None = None) -> str:
     spec = spec or StackSpec()
     values = places(spec)
@@ -241,20 +239,14 @@ def render(spec: StackSpec | None = None) -> str:
         if item.why:
             undo += f": {item.why}"
         lines.append(
-            f"| {_cell(item.what.format(**values))} | {_cell(where)} | {_cell(item.made)} "
-            f"| {_cell(undo)} |"
+            f"| {cell(item.what.format(**values))} | {cell(where)} | {cell(item.made)} "
+            f"| {cell(undo)} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args == ["--write"]:
-        DOC.write_text(render())
-        print(f"wrote {DOC}")
-        return 0
-    sys.stdout.write(render())
-    return 0
+    return gendoc.main("p40fleet.footprint", lambda: {DOC: render()}, argv)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,12 @@ them and fails when the committed files are stale.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
+
+from p40fleet import gendoc
 
 REPO = Path(__file__).resolve().parents[1]
 PICTURES = REPO / "docs" / "pictures"
@@ -40,6 +41,17 @@ def _svg(width: int, height: int, body: Sequence[str], title: str) -> str:
 def _text(x: float, y: float, text: str, **attrs: object) -> str:
     extra = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in attrs.items())
     return f'<text x="{x:g}" y="{y:g}"{extra}>{escape(text)}</text>'
+
+
+def _labels(cx: float, top: float, title: str, subtitle: str, lines: Sequence[str],
+            **line_attrs: object) -> list[str]:  # fmt: skip
+    """A box's centred texts: its title, the deploy file under it, then its lines."""
+    return [
+        _text(cx, top + 24, title, text_anchor="middle", font_size=16, font_weight="bold"),
+        _text(cx, top + 44, subtitle, text_anchor="middle", font_size=11, fill="#555"),
+        *(_text(cx, top + 64 + 15 * j, line, text_anchor="middle", **line_attrs)
+          for j, line in enumerate(lines)),
+    ]  # fmt: skip
 
 
 #: (deploy file, layer, what it does: two short lines)
@@ -73,23 +85,7 @@ def layers_svg() -> str:
             f'<g class="layer" data-layer="{name}"><rect x="{x}" y="{top}" width="{box_w}" '
             f'height="{box_h}" rx="8" fill="{fill}" stroke="#36c" stroke-width="1.5"/>'
         )
-        body.append(
-            _text(
-                x + box_w / 2,
-                top + 24,
-                name,
-                text_anchor="middle",
-                font_size=16,
-                font_weight="bold",
-            )
-        )
-        body.append(
-            _text(x + box_w / 2, top + 44, path, text_anchor="middle", font_size=11, fill="#555")
-        )
-        for j, line in enumerate(lines):
-            body.append(
-                _text(x + box_w / 2, top + 64 + 15 * j, line, text_anchor="middle", font_size=12)
-            )
+        body += _labels(x + box_w / 2, top, name, path, lines, font_size=12)
         body.append("</g>")
         if i:
             x0 = x - gap + 2
@@ -106,34 +102,9 @@ def layers_svg() -> str:
         f'height="{box_h - 10}" rx="8" fill="#fdf3e3" stroke="#c80" stroke-width="1.5" '
         'stroke-dasharray="6 4"/>'
     )
-    body.append(
-        _text(
-            ray_x + ray_w / 2,
-            ray_y + 24,
-            "ray (optional)",
-            text_anchor="middle",
-            font_size=16,
-            font_weight="bold",
-        )
-    )
-    body.append(
-        _text(
-            ray_x + ray_w / 2,
-            ray_y + 44,
-            "deploy/ray.py, not part of full.py",
-            text_anchor="middle",
-            font_size=11,
-            fill="#555",
-        )
-    )
-    body.append(
-        _text(
-            ray_x + ray_w / 2,
-            ray_y + 64,
-            "one cluster: head + training nodes, token auth",
-            text_anchor="middle",
-        )
-    )
+    body += _labels(ray_x + ray_w / 2, ray_y, "ray (optional)",
+                    "deploy/ray.py, not part of full.py",
+                    ["one cluster: head + training nodes, token auth"])  # fmt: skip
     body.append("</g>")
     body.append(
         f'<path d="M{python_x + box_w / 2},{top + box_h + 2} V{ray_y + (box_h - 10) / 2} '
@@ -359,18 +330,7 @@ def pictures() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in ([], ["--write"]):
-        print("usage: python -m p40fleet.pictures [--write]", file=sys.stderr)
-        return 2
-    for path, text in pictures().items():
-        if args:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            print(f"wrote {path.relative_to(REPO)}")
-        else:
-            sys.stdout.write(text)
-    return 0
+    return gendoc.main("p40fleet.pictures", pictures, argv)
 
 
 if __name__ == "__main__":

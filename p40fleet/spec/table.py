@@ -19,6 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from p40fleet import gendoc
+from p40fleet.gendoc import cell
 from p40fleet.spec.pins import StackSpec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
@@ -85,10 +87,6 @@ def _show(value: object) -> str:
     return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def render() -> str:
     table = list(rows())
     lines = [
@@ -104,18 +102,12 @@ def render() -> str:
         "|---|---|---|",
     ]
     for path, default, what in table:
-        lines.append(f"| `{path}` | {_cell(default)} | {_cell(what)} |")
+        lines.append(f"| `{path}` | {cell(default)} | {cell(what)} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args == ["--write"]:
-        DOC.write_text(render())
-        print(f"wrote {DOC}")
-        return 0
-    sys.stdout.write(render())
-    return 0
+    return gendoc.main("p40fleet.spec.table", lambda: {DOC: render()}, argv)
 
 
 if __name__ == "__main__":
