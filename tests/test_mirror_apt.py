@@ -72,22 +72,8 @@ CLOSURE = {
 
 
 def _gpg(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            "gpg",
-            "--homedir",
-            str(home),
-            "--batch",
-            "--yes",
-            "--pinentry-mode",
-            "loopback",
-            "--passphrase",
-            "",
-            *args,
-        ],  # fmt: skip
-        check=True,
-        capture_output=True,
-    )
+    """gpg as the mirror's build runs it (its own homedir, no passphrase), for the fake archive."""
+    return apt_repo._gpg(home, *args)
 
 
 def _make_key(home: Path, uid: str) -> Path:
@@ -95,7 +81,7 @@ def _make_key(home: Path, uid: str) -> Path:
     home.mkdir(mode=0o700)
     _gpg(home, "--quick-generate-key", uid, "ed25519", "sign", "never")
     ring = home / "public.gpg"
-    ring.write_bytes(_gpg(home, "--export").stdout)
+    _gpg(home, "--output", str(ring), "--export")
     return ring
 
 
