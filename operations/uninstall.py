@@ -50,8 +50,19 @@ ORDER = (
 )  # fmt: skip
 
 
-def _kinds(paths: tuple[str, ...]) -> dict[str, str]:
-    return ask(host, PathKinds, paths=tuple(paths))
+def _kinds(paths: tuple[str, ...], among: tuple[str, ...] = ()) -> dict[str, str]:
+    """The kinds of ``paths``, asked as ``among`` (every path the uninstall looks at,
+    :func:`watched`) when that holds them: one ``PathKinds`` command per host, not one per
+    operation."""
+    return ask(host, PathKinds, paths=among if set(paths) <= set(among) else tuple(paths))
+
+
+def watched(spec: StackSpec) -> tuple[str, ...]:
+    """Every path an uninstall operation asks the kind of, for ``spec``."""
+    paths = {item.path(spec) for item in footprint.FOOTPRINT if item.undo in ("remove", "home")}
+    paths |= {MIRROR_LIST, *MIRROR_KEYS, spec.user.home,
+              posixpath.join(spec.paths.artifact_cache, spec.driver.filename)}  # fmt: skip
+    return tuple(sorted(paths))
 
 
 @operation()
@@ -66,7 +77,7 @@ def ray_unit_removed():
 
 
 @operation()
-def driver_removed(version: str, runfile: str):
+def driver_removed(version: str, runfile: str, among: tuple[str, ...] = ()):
     """
     Uninstall the NVIDIA driver with its own uninstaller: ``nvidia-uninstall --silent``, else
     (the uninstaller deleted) ``sh RUNFILE --uninstall --silent`` when the cached runfile is
@@ -74,11 +85,12 @@ def driver_removed(version: str, runfile: str):
 
     + version: the pinned version (its runfile is ``runfile``)
     + runfile: the runfile in the artifact cache
+    + among: :func:`watched` (the paths asked about in one command)
     """
     installed = ask(host, InstalledDriverVersion)
     if ask(host, Which, command="nvidia-uninstall"):
         yield "nvidia-uninstall --silent"
-    elif installed and installed == version and _kinds((runfile,)).get(runfile) == "file":
+    elif installed and installed == version and _kinds((runfile,), among).get(runfile) == "file":
         yield StringCommand("sh", QuoteString(runfile), "--uninstall --silent")
     elif installed:
         host.log(f"NVIDIA driver {installed} has no nvidia-uninstall: not a runfile install "
@@ -114,16 +126,17 @@ def cuda_link_removed(cuda_link: str, cuda_dir: str):
 
 
 @operation()
-def path_removed(path: str):
+def path_removed(path: str, among: tuple[str, ...] = ()):
     """
     Remove ``path``, a root-owned file or tree of the footprint outside every home: a symlink
     itself (never what it points to), a tree with ``rm -rf --one-file-system``.
 
     + path: absolute path
+    + among: :func:`watched` (the paths asked about in one command)
     """
     if not posixpath.isabs(path) or posixpath.normpath(path) in ("/", "/home", "/etc", "/usr"):
         raise ValueError(f"refusing to remove {path!r}: not a footprint path")
-    kind = _kinds((path,)).get(path)
+    kind = _kinds((path,), among).get(path)
     if kind is None:
         host.noop(f"no {path}")
         return
@@ -163,13 +176,16 @@ def nouveau_restored(path: str = BLACKLIST_FILE):
 
 
 @operation()
-def apt_mirror_removed():
+def apt_mirror_removed(among: tuple[str, ...] = ()):
     """
     Remove the mirror's apt source and its key. ``apt-get update`` is left to the admin: the
     restored archive may not answer from here.
+
+    + among: :func:`watched` (the paths asked about in one command)
     """
     paths = (MIRROR_LIST, *MIRROR_KEYS)
-    present = [p for p in paths if _kinds(paths).get(p)]
+    kinds = _kinds(paths, among)
+    present = [p for p in paths if kinds.get(p)]
     if not present:
         host.noop(f"no {MIRROR_LIST}")
         return
@@ -218,7 +234,7 @@ def account_removed(account: str):
 
 
 @operation()
-def home_removed(user: str, home: str, policy: str):
+def home_removed(user: str, home: str, policy: str, among: tuple[str, ...] = ()):
     """
     With ``policy`` ``remove``: delete the home's contents as ``user``, ``rmdir`` the home,
     ``userdel`` (no ``-r``) and remove the user's group. ``keep``: nothing.
@@ -226,12 +242,13 @@ def home_removed(user: str, home: str, policy: str):
     + user: the training user
     + home: its home
     + policy: ``stack.policy.uninstall_home``
+    + among: :func:`watched` (the paths asked about in one command)
     """
     if policy != "remove":
         host.noop(f"{home} and the account {user} are kept (stack.policy.uninstall_home)")
         return
     exists = user in ask(host, Users)
-    kind = _kinds((home,)).get(home)
+    kind = _kinds((home,), among).get(home)
     if kind is not None and kind != "dir":
         yield from refuse._inner(
             step="uninstall home",
@@ -274,29 +291,29 @@ NOT_OPERATIONS = ("kept", "released")
 def undo(item: Item, spec: StackSpec) -> None:
     """Add the operation that undoes footprint ``item`` on the current host."""
     name = f"Uninstall: {item.what.format(**footprint.places(spec))}"
-    path = item.path(spec)
+    path, among = item.path(spec), watched(spec)
     if item.undo == "ray_unit":
         ray_unit_removed(name=name)
     elif item.undo == "driver":
         runfile = posixpath.join(spec.paths.artifact_cache, spec.driver.filename)
-        driver_removed(name=name, version=spec.driver.version, runfile=runfile)
+        driver_removed(name=name, version=spec.driver.version, runfile=runfile, among=among)
     elif item.undo == "cuda_link":
         cuda_link_removed(name=name, cuda_link=path, cuda_dir=spec.paths.cuda_dir)
     elif item.undo == "nouveau":
         nouveau_restored(name=name, path=path)
     elif item.undo == "apt_mirror":
-        apt_mirror_removed(name=name)
+        apt_mirror_removed(name=name, among=among)
     elif item.undo == "apt_aside":
         apt_aside_restored(name=name)
     elif item.undo == "account":
         account_removed(name=name, account=path)
     elif item.undo == "remove":
-        path_removed(name=name, path=path)
+        path_removed(name=name, path=path, among=among)
     elif item.undo == "home":
         if item.where == "{home}":  # one operation for the user and its home
             home_removed(
                 name=name, user=spec.user.name, home=spec.user.home,
-                policy=spec.policy.uninstall_home,
+                policy=spec.policy.uninstall_home, among=among,
             )  # fmt: skip
     elif item.undo not in NOT_OPERATIONS:
         raise ValueError(f"footprint item {item.what!r}: no operation undoes {item.undo!r}")

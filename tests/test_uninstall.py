@@ -217,6 +217,12 @@ def test_the_whole_uninstall_on_a_clean_host_changes_nothing(monkeypatch):
     removed = [kw["path"] for name, kw in calls if name == "path_removed"]
     assert {"/usr/local/cuda-11.8", "/etc/profile.d/cuda.sh", "/var/cache/p40fleet",
             "/etc/p40fleet"} <= set(removed)  # fmt: skip
+    # one PathKinds command per host: every operation asks its paths as the same tuple
+    amongs = {kw["among"] for _, kw in calls if "among" in kw}
+    assert amongs == {uninstall.watched(spec)}, amongs
+    asked = {kw.get("path") or kw.get("runfile") or kw.get("home") for _, kw in calls
+             if "among" in kw} - {None}  # fmt: skip
+    assert asked <= set(uninstall.watched(spec)), asked - set(uninstall.watched(spec))
     for name, kw in calls:
         kw = {k: v for k, v in kw.items() if k != "name"}
         result = run_op(OPERATIONS[name], facts=CLEAN, **kw)
