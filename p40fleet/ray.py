@@ -452,7 +452,9 @@ def _rc(text: str) -> int:
     return int(text) if re.fullmatch(r"-?\d+", text.strip()) else -1
 
 
-def _with_gcs(status: ClusterStatus | None, gcs: list[str], rc: int | None) -> tuple:
+def _with_gcs(
+    status: ClusterStatus | None, gcs: list[str], rc: int | None
+) -> tuple[ClusterStatus | None, str, tuple[str, ...], tuple[str, ...]]:
     """(status, membership, dead, tail): ``status.active`` narrowed to the GCS's alive nodes."""
     nodes = [m for line in gcs if (m := _GCS_NODE.match(line.strip()))]
     if status is None:
