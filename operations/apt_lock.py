@@ -86,7 +86,8 @@ def wait_script(host_name: str, step: str, timeout_s: int) -> str:
             f"p40_t={int(timeout_s)}; p40_start=$(date +%s); p40_next=0",
             'while p40_h=$(p40_holders); [ -n "$p40_h" ]; do',
             "    p40_w=$(( $(date +%s) - p40_start ))",
-            '    if [ "$p40_w" -ge "$p40_t" ]; then',
+            # date +%s ticks whole seconds: a difference of t + 1 is more than t s really waited
+            '    if [ "$p40_w" -gt "$p40_t" ]; then',
             f'        echo {q(still)}"$p40_h". {q(fix)} >&2',
             "        exit 1",
             "    fi",

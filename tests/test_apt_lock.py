@@ -5,6 +5,7 @@ holding an fcntl lock (as apt and unattended-upgrade take it) on stand-in lock f
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -72,10 +73,32 @@ def hold(tmp_path):
         proc.wait()
 
 
-def run_script(text: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+def run_script(
+    text: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
-    proc = subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        ["sh", "-c", text], capture_output=True, text=True, timeout=timeout, env=env
+    )
     return proc, time.monotonic() - t0
+
+
+LATE_DATE = """import sys, time
+from pathlib import Path
+first = Path(sys.argv[0]).with_name("first")
+if not first.exists():
+    first.write_text(repr(time.time()))
+print(1000 + int(time.time() - float(first.read_text()) + 0.99))
+"""
+
+
+def late_clock(tmp_path: Path) -> dict[str, str]:
+    """An environment whose ``date +%s`` starts 0.01 s before a tick, as a real start may."""
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "date").write_text(f"#!{sys.executable}\n{LATE_DATE}")
+    (shim / "date").chmod(0o755)
+    return {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
 
 
 def test_lock_option_is_apts_own_timeout():
@@ -150,7 +173,7 @@ def test_a_holder_gone_between_scan_and_read_leaves_no_shell_noise(tmp_path):
 def test_past_the_bound_it_fails_naming_host_step_holder_and_fix(tmp_path, hold):
     holder = hold(60)
     fn = apt_lock.guarded("echo ran", "lab2", "apt source", 2)
-    proc, took = run_script(script_of(fn, tmp_path))
+    proc, took = run_script(script_of(fn, tmp_path), env=late_clock(tmp_path))
     assert proc.returncode == 1 and "ran" not in proc.stdout
     assert 2 <= took < 30  # the bound, not the holder's 60 s
     err = proc.stderr
