@@ -136,6 +136,8 @@ def reinstalled_host(tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{port} ssh-rsa {recorded.get_base64()}\n")
 
+    transports: list[paramiko.Transport] = []
+
     def serve():
         while True:
             try:
@@ -143,15 +145,29 @@ def reinstalled_host(tmp_path):
             except OSError:
                 return
             transport = paramiko.Transport(conn)
+            transports.append(transport)
             transport.add_server_key(server_key)
             try:
                 transport.start_server(server=_KexOnly())
             except (paramiko.SSHException, EOFError, OSError):
                 transport.close()
 
-    threading.Thread(target=serve, daemon=True).start()
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
     yield port, known
+    # every thread ends here: a thread left in accept() or a live transport makes a later
+    # `import pyinfra_cli` (gevent's patch_all) fail in this process ("cannot release
+    # un-acquired lock", tests/test_sshguard.py after this file)
+    try:
+        listener.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
     listener.close()
+    server.join(10)
+    for transport in transports:
+        transport.close()
+        transport.join(10)
+    assert not server.is_alive() and not any(t.is_alive() for t in transports)
 
 
 def test_a_changed_host_key_is_its_own_reason_naming_rekey(tmp_path, reinstalled_host):
