@@ -48,7 +48,14 @@ class _StubSshd:
                 t.close()
 
     def close(self) -> None:
+        """Stop the accept loop for real (a thread left in accept() outlives the test)."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.sock.close()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
 
 
 @pytest.fixture(scope="module")
