@@ -9,16 +9,14 @@ header or :func:`p40fleet.verification.probe.parse_probe`.
 
 from __future__ import annotations
 
-import shlex
-from functools import lru_cache
 from pathlib import Path
 
-import jinja2
 from pyinfra.api import FactBase
 from typing_extensions import override
 
 from facts.survey import one_write
 from p40fleet.privdrop import AS_USER_FN, FACT_TIMEOUT_S
+from p40fleet.shell_template import shell_template
 from p40fleet.verification.probe import ProbeAnswers, ProbeTargets, parse_probe
 
 __all__ = [
@@ -42,15 +40,6 @@ PYTHON_TIMEOUT_S = 300
 SIMULATED_HOST_TEST = "[ -d /etc/p40lab-sim ] || [ -d /var/lib/p40lab-sim ]"
 
 
-@lru_cache(maxsize=1)
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
-    )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
-    return env.from_string(PROBE_TEMPLATE.read_text())
-
-
 def render_probe(targets: ProbeTargets) -> str:
     """The probe script for these targets (a POSIX sh script); what lies under the home is read
     and run as the training user ``targets.user``."""
@@ -60,7 +49,7 @@ def render_probe(targets: ProbeTargets) -> str:
         name: getattr(targets, name).rstrip("/") or "/"
         for name in ("cuda_dir", "cudnn_tree", "verl_checkout")
     }
-    return _template().render(
+    return shell_template(PROBE_TEMPLATE).render(
         **{**targets._asdict(), **paths},
         as_user_fn=AS_USER_FN,
         smi_fields=SMI_FIELDS,

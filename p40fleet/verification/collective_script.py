@@ -8,13 +8,10 @@ so the device run and verify share one code path.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import NamedTuple
 
-import jinja2
-
+from p40fleet.shell_template import shell_template
 from p40fleet.verification import collective
 from p40fleet.verl_patches import APPLIER_PATH
 
@@ -41,15 +38,6 @@ class CollectiveTargets(NamedTuple):
     timeout_s: int
 
 
-@lru_cache(maxsize=1)
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
-    )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
-    return env.from_string(COLLECTIVE_TEMPLATE.read_text())
-
-
 def config(targets: CollectiveTargets) -> dict:
     """The driver's config (``config.json`` in its scratch dir)."""
     members: Sequence[tuple[str, str]] = targets.members
@@ -70,7 +58,7 @@ def config(targets: CollectiveTargets) -> dict:
 
 def render_job(targets: CollectiveTargets) -> str:
     """The script the training user runs (``$1``: ``yes`` on a simulated host: gloo)."""
-    return _template().render(
+    return shell_template(COLLECTIVE_TEMPLATE).render(
         python=targets.python,
         address=targets.address,
         timeout_s=int(targets.timeout_s),

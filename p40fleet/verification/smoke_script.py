@@ -7,12 +7,9 @@ text by hand (``sh JOB no``), so the device run and verify share one code path.
 from __future__ import annotations
 
 import shlex
-from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
-import jinja2
-
+from p40fleet.shell_template import shell_template
 from p40fleet.verification import smoke
 from p40fleet.verl_patches import APPLIER_PATH, VerlPatchError, lab_cpu_ruleset_json
 
@@ -43,15 +40,6 @@ class SmokeTargets(NamedTuple):
     simulated: bool = False
 
 
-@lru_cache(maxsize=1)
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
-    )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
-    return env.from_string(Path(SMOKE_TEMPLATE).read_text())
-
-
 def _words(overrides: list[str]) -> str:
     return " ".join(smoke.shell_word(o) for o in overrides)
 
@@ -62,7 +50,7 @@ def render_job(targets: SmokeTargets) -> str:
         rules = lab_cpu_ruleset_json(targets.verl_ref)
     except VerlPatchError:  # no CPU rules for this ref: the applier says so on a simulated host
         rules = '{"format": 1, "ref": "none", "profile": "lab-cpu", "rules": []}'
-    return _template().render(
+    return shell_template(SMOKE_TEMPLATE).render(
         python=targets.python,
         launch_script=targets.launch_script,
         verl_checkout=targets.verl_checkout.rstrip("/") or "/",
