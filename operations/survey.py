@@ -89,10 +89,14 @@ def layer_parts(spec: StackSpec, lock: str | None = None) -> tuple[Part, ...]:
     cached = _PARTS.get((id(spec), lock))
     if cached is not None and cached[0] is spec:
         return cached[1]
-    parts = (
-        *deploy_parts(spec),
-        *run_lock.survey_parts(spec, lock),
-        *(one for module in MODULES for one in module.survey_parts(spec)),
+    parts = tuple(
+        dict.fromkeys(  # a fact two modules ask (NvidiaSmi, EnvDistributions) once
+            [
+                *deploy_parts(spec),
+                *run_lock.survey_parts(spec, lock),
+                *(one for module in MODULES for one in module.survey_parts(spec)),
+            ]
+        )
     )
     _PARTS[(id(spec), lock)] = (spec, parts)  # the spec kept: its id is not reused
     return parts
