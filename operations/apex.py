@@ -40,8 +40,9 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.conda import EnvDistributions, MarkerText
-from facts.survey import ask
+from facts.conda import EnvDistributions, MarkerText, env_python
+from facts.conda import env_dir as conda_env_dir
+from facts.survey import Part, ask, part
 from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
 from operations.util.as_user import as_user, mkdir_as, put_as
@@ -60,7 +61,7 @@ from p40fleet.apex_build import (
 )
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import proxied
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 
 __all__ = [
     "build_wheel",
@@ -71,6 +72,7 @@ __all__ = [
     "prepare_script",
     "put_sum",
     "put_wheel",
+    "survey_parts",
 ]
 
 
@@ -503,3 +505,14 @@ def install(
     yield as_user(
         user, StringCommand("printf '%s\\n'", QuoteString(key), ">", QuoteString(key_file))
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """What :func:`needed` and :func:`install` ask on a converged host (``operations.survey``;
+    a converged host builds nothing)."""
+    env, by_user = spec.env, {"user": spec.user.name}
+    the_env = conda_env_dir(env.conda_prefix, env.name)
+    return [
+        part(MarkerText, path=f"{the_env}/{KEY_FILE}", **by_user),
+        part(EnvDistributions, python=env_python(env.conda_prefix, env.name), **by_user),
+    ]

@@ -28,13 +28,13 @@ from facts.apt_source import (
     AptSources,
     aside_origin,
 )
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations import apt_lock
 from p40fleet import controller
 from p40fleet.proxy import proxied
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 
-__all__ = ["ASIDE_DIR", "aside_path", "key_dest", "mirror", "source_line"]
+__all__ = ["ASIDE_DIR", "aside_path", "key_dest", "mirror", "source_line", "survey_parts"]
 
 
 def aside_path(path: str) -> str:
@@ -154,3 +154,12 @@ def mirror(
     )
     update = proxied(StringCommand("apt-get update -q", apt_lock.lock_option(apt_lock.REST)), proxy)
     yield apt_lock.guarded(update, host.name, "apt source", lock_wait_s, failed=failed)
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """What :func:`mirror` asks on a converged host, with ``stack.mirror.apt`` (``operations.
+    survey``)."""
+    apt = spec.mirror.apt if spec.mirror is not None else None
+    if apt is None:
+        return []
+    return [part(AptSources, key_path=key_dest(apt.signed_by) if apt.signed_by else None)]

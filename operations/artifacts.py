@@ -29,11 +29,11 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.artifacts import ArtifactState, marker_path
 from facts.host import FreeSpace
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.progress import streamed
 from p40fleet.proxy import shell_prefix
-from p40fleet.spec import Proxy, StackSpec
+from p40fleet.spec import ARTIFACTS, Proxy, StackSpec
 
 __all__ = [
     "artifact",
@@ -42,6 +42,7 @@ __all__ = [
     "fetch",
     "format_bytes",
     "parent_remedy",
+    "survey_parts",
 ]
 
 
@@ -302,3 +303,9 @@ def artifact(item: str, spec: StackSpec):
         size=what.size,
         proxy=spec.proxy,
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts :func:`artifact` asks on a converged host, for every artifact of the spec
+    (``operations.survey``)."""
+    return [part(ArtifactState, path=artifact_path(spec, item)) for item in ARTIFACTS]

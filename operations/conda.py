@@ -39,12 +39,12 @@ from facts.conda import (
     MarkerText,
     env_dir,
 )
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.refuse import refusal_message
 from operations.util.as_user import as_user
 from p40fleet import condalock
 from p40fleet.proxy import proxied
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 
 __all__ = [
     "LOCK_MARKER",
@@ -59,6 +59,7 @@ __all__ = [
     "env_lock",
     "env_rebuild_reason",
     "miniconda",
+    "survey_parts",
 ]
 
 #: Anaconda's default channels whose ToS a non-interactive ``conda create`` needs accepted.
@@ -354,3 +355,18 @@ def env(
     yield as_user(
         user, StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts this module asks on a converged host (its operations and :func:`env_fresh`,
+    as the training user: ``operations.survey``)."""
+    env, by_user = spec.env, {"user": spec.user.name}
+    prefix = env.conda_prefix
+    return [
+        part(CondaInstall, prefix=prefix, **by_user),  # miniconda, conda_tos
+        part(CondaTos, prefix=prefix, **by_user),
+        part(MarkerText, path=f"{prefix.rstrip('/')}/.condarc", **by_user),  # condarc
+        part(MarkerText, path=f"{prefix.rstrip('/')}/{TOS_MARKER}", **by_user),
+        part(EnvPython, prefix=prefix, env_name=env.name, **by_user),  # env, env_fresh
+        part(MarkerText, path=f"{env_dir(prefix, env.name)}/{LOCK_MARKER}", **by_user),
+    ]

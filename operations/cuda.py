@@ -13,17 +13,17 @@ from pathlib import Path
 from jinja2.ext import Extension
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import Link
+from pyinfra.facts.files import File, Link, Sha1File
 from pyinfra.operations import files
 
 from facts.cuda import CudaToolkit, GccMajor, NvccRelease
 from facts.host import FreeSpace
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.artifacts import format_bytes
 from operations.refuse import refuse
 from operations.util.progress import Stopwatch
 from operations.util.unchanged import rendered, same_file
-from p40fleet.spec import cuda_release_of
+from p40fleet.spec import StackSpec, cuda_release_of
 
 __all__ = [
     "PROFILE_FILE",
@@ -32,6 +32,7 @@ __all__ = [
     "symlink",
     "toolkit",
     "verify",
+    "survey_parts",
 ]
 
 PROFILE_FILE = "/etc/profile.d/cuda.sh"
@@ -199,3 +200,15 @@ def verify(cuda_dir: str, version: str):
         remedy="read /var/log/cuda-installer.log; put 'cuda' in stack.policy.force_reinstall "
         "to install again",
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    paths = spec.paths
+    return [
+        part(CudaToolkit, cuda_dir=paths.cuda_dir),  # toolkit
+        part(Link, path=paths.cuda_link),  # symlink
+        part(File, path=PROFILE_FILE),  # profile (same_file)
+        part(Sha1File, path=PROFILE_FILE),
+        part(NvccRelease, cuda_dir=paths.cuda_dir),  # verify
+    ]

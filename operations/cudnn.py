@@ -20,11 +20,12 @@ from facts.cudnn import (
     PathDevice,
     cudnn_marker_path,
 )
-from facts.survey import ask
-from operations.artifacts import parent_remedy
+from facts.survey import Part, ask, part
+from operations.artifacts import artifact_path, parent_remedy
 from operations.refuse import refuse
+from p40fleet.spec import StackSpec
 
-__all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify"]
+__all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify", "survey_parts"]
 
 _ARCHIVE_SUFFIXES = (".tar.xz", ".tar.gz", ".tgz", ".tar")
 #: Where each source dir of the tarball goes in the CUDA dir.
@@ -197,3 +198,18 @@ def verify(cuda_dir: str, version: str):
         reason=f"{header} says {found or 'nothing'}, expected {_short(version)}",
         remedy="put 'cudnn' in stack.policy.force_reinstall and re-run",
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    paths = spec.paths
+    tree = extracted_dir(paths.cudnn_extract_dir, artifact_path(spec, "cudnn"))
+    return [
+        part(PathDevice, path=paths.cudnn_extract_dir),  # same_filesystem
+        part(PathDevice, path=paths.cuda_dir),
+        part(UnsafeParent, path=paths.cudnn_extract_dir),  # extract
+        part(CudnnHeaderVersion, path=f"{tree}/include/cudnn_version.h"),
+        part(CudnnExtracted, tree=tree),
+        part(CudnnFiles, src_dir=tree, cuda_dir=paths.cuda_dir),  # link
+        part(CudnnHeaderVersion, path=f"{paths.cuda_dir.rstrip('/')}/include/cudnn_version.h"),
+    ]

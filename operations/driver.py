@@ -15,14 +15,14 @@ from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
 from facts.gpu import PciGpus
 from facts.host import KernelHeaders
 from facts.packages import DebInstalled
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations import apt_lock, run_lock
 from operations.refuse import refuse
 from p40fleet.footprint import BUILD_PACKAGES  # one list: the deploy, the footprint, the mirror
 from p40fleet.profile import driver_branch, driver_supports
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 
-__all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify"]
+__all__ = ["build_prereqs", "install", "loaded", "supported_gpus", "verify", "survey_parts"]
 
 #: The Debian packages the runfile's DKMS build needs beside the running kernel's headers, each
 #: decided from its own dpkg state: a stock Ubuntu 20.04 server has none of them. Without
@@ -191,3 +191,14 @@ def verify(version: str):
         remedy="reboot the host (or run with allow_reboot=True) and re-run; if it persists "
         "read /var/log/nvidia-installer.log",
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:  # noqa: ARG001 - the same for every spec
+    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    return [
+        part(PciGpus),  # supported_gpus
+        part(KernelHeaders),  # build_prereqs
+        part(DebInstalled, packages=BUILD_PACKAGES),
+        part(InstalledDriverVersion),  # install
+        part(NvidiaSmi),  # loaded, verify
+    ]

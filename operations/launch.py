@@ -16,13 +16,14 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
 from facts.home import UserFile
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.as_user import put_as
 from operations.util.unchanged import rendered, same_user_file
 from p40fleet.launch import LaunchPlan
+from p40fleet.spec import StackSpec
 
-__all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path"]
+__all__ = ["SCRIPT_NAME", "TEMPLATE", "launch_script", "script_path", "survey_parts"]
 
 SCRIPT_NAME = "launch-ppo.sh"
 TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "launch-ppo.sh.j2")
@@ -76,3 +77,14 @@ def launch_script(
         )
         return
     yield from put_as(user, text, dest, "755")
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """What :func:`launch_script` asks on a converged host for the spec's training user
+    (``operations.survey``)."""
+    user = spec.user
+    return [
+        part(Users),  # a user not queued by this run
+        part(Directory, path=user.home),
+        part(UserFile, path=script_path(user.home), user=user.name),
+    ]

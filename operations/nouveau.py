@@ -12,11 +12,12 @@ from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
 from facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations import run_lock
 from operations.refuse import refuse
+from p40fleet.spec import StackSpec
 
-__all__ = ["BLACKLIST_FILE", "BLACKLIST_TEXT", "blacklist", "initramfs", "unloaded"]
+__all__ = ["BLACKLIST_FILE", "BLACKLIST_TEXT", "blacklist", "initramfs", "unloaded", "survey_parts"]
 
 BLACKLIST_FILE = "/etc/modprobe.d/blacklist-nouveau.conf"
 BLACKLIST_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
@@ -109,3 +110,8 @@ def unloaded(
         return True
 
     yield FunctionCommand(_confirm_nouveau_gone, (), {})
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:  # noqa: ARG001 - the same for every spec
+    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    return [part(FileStampFact, path=BLACKLIST_FILE), part(InitramfsMtime), part(NouveauLoaded)]

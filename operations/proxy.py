@@ -11,15 +11,15 @@ from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import File
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import files
 
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.util.unchanged import same_file
 from p40fleet.proxy import PROXY_DIR, PROXY_FILE, file_text
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 
-__all__ = ["credentials", "first_time"]
+__all__ = ["credentials", "first_time", "survey_parts"]
 
 
 @operation()
@@ -67,3 +67,11 @@ def root_secret(directory: str, path: str, text: str):
         src=StringIO(text), dest=path, user="root", group="root", mode="600",
         add_deploy_dir=False,
     )  # fmt: skip
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts :func:`credentials` asks on a converged host (``operations.survey``)."""
+    parts = [part(File, path=PROXY_FILE)]
+    if spec.proxy is not None and spec.proxy.has_secret:
+        parts.append(part(Sha1File, path=PROXY_FILE))  # root_secret's same_file
+    return parts

@@ -31,14 +31,15 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import BaseStateCallback
 
 from facts.run_lock import RunLock
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.refuse import record_refusals, refusal_message, say_when_dry
 from p40fleet import controller, run_lock
 from p40fleet.run_lock import DEFAULT_PATH, Holder
+from p40fleet.spec import StackSpec
 
 __all__ = [
-    "PATH_KEY", "defer_release", "hold", "lock_path", "refreshed", "release_for", "take",
-    "this_run",
+    "PATH_KEY", "defer_release", "hold", "lock_path", "refreshed", "release_for", "survey_parts",
+    "take", "this_run",
 ]  # fmt: skip
 
 logger = logging.getLogger("pyinfra")
@@ -228,3 +229,9 @@ def _register_release() -> None:
     if not getattr(state, _RELEASE_ATTR, False):
         setattr(state, _RELEASE_ATTR, True)
         state.add_callback_handler(_Release())
+
+
+def survey_parts(spec: StackSpec, path: str | None = None) -> list[Part]:  # noqa: ARG001
+    """What :func:`hold` and :func:`take` ask: the lock at ``path``, a host's own (its data,
+    :func:`lock_path`); none without one (``operations.survey``)."""
+    return [part(RunLock, path=path)] if path else []

@@ -14,15 +14,15 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.conda import EnvDistributions
-from facts.survey import ask
+from facts.conda import EnvDistributions, env_python
+from facts.survey import Part, ask, part
 from operations.refuse import refusal_message
 from operations.util.as_user import as_user
 from p40fleet import hashlock
 from p40fleet.proxy import proxied
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 
-__all__ = ["pip_command", "same_version", "torch"]
+__all__ = ["pip_command", "same_version", "torch", "survey_parts"]
 
 
 def same_version(installed: str | None, pinned: str) -> bool:
@@ -124,3 +124,9 @@ def torch(
             QuoteString(lock_dest),
         ),
     ), proxy)  # fmt: skip
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """What :func:`torch` asks on a converged host (``operations.survey``)."""
+    python = env_python(spec.env.conda_prefix, spec.env.name)
+    return [part(EnvDistributions, python=python, user=spec.user.name)]

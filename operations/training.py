@@ -30,7 +30,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.driver import NvidiaSmi
 from facts.gpu import PciGpus
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import artifacts
 from operations import launch as launch_ops
@@ -57,6 +57,7 @@ __all__ = [
     "needs_staging",
     "stage",
     "training_target",
+    "survey_parts",
 ]
 
 
@@ -305,3 +306,19 @@ def launch_script(
     yield from launch_ops.launch_script._inner(
         plan=plan, user=spec.user.name, home=spec.user.home, user_queued=user_queued
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts this module asks on a converged host: :func:`stage`, :func:`needs_staging`,
+    :func:`host_plan` and :func:`launch_script` (with the launch script's own,
+    ``operations.launch``; ``operations.survey``)."""
+    by_user = {"user": spec.user.name}
+    model = staged_dir(spec, "model")
+    return [
+        part(StagedDir, path=model, **by_user),
+        part(StagedDir, path=staged_dir(spec, "data"), **by_user),
+        part(ModelConfig, path=model, **by_user),
+        part(PciGpus),
+        part(NvidiaSmi),
+        *launch_ops.survey_parts(spec),
+    ]

@@ -13,16 +13,18 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
-from facts.survey import ask
+from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.as_user import as_user
 from operations.util.unchanged import same_dir
+from p40fleet.spec import StackSpec
 
 __all__ = [
     "HOME_MODE",
     "SYSTEM_UID_MAX",
     "home_owner_problem",
     "training_user",
+    "survey_parts",
 ]
 
 #: The home's mode: the training data, models and checkpoints in it are not world-readable.
@@ -188,3 +190,16 @@ def queued_hosts(state) -> set[str]:
         queued = set()
         state.p40fleet_training_user_queued = queued
     return queued
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts this module's operations ask on a converged host, for the user and the
+    dirs deploy/python.py makes (``operations.survey``)."""
+    user, env = spec.user, spec.env
+    return [
+        part(Users),  # training_user
+        part(Groups),
+        part(Directory, path=user.home),
+        part(Directory, path=env.data_dir),  # directory
+        part(Directory, path=env.model_dir),
+    ]

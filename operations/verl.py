@@ -12,17 +12,21 @@ import posixpath
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
-from facts.conda import EnvDistributions, MarkerText
-from facts.survey import ask
+from facts.conda import EnvDistributions, MarkerText, env_python
+from facts.conda import env_dir as conda_env_dir
+from facts.home import UserFile
+from facts.survey import Part, ask, part
 from facts.verl import GitCheckout, VerlPatchCheck
 from operations.refuse import refuse, refuse_option_ref
 from operations.torch import pip_command, same_version
 from operations.util.as_user import as_user, mkdir_as, put_as
 from operations.util.unchanged import same_file, same_user_file
+from p40fleet import verl_patches
 from p40fleet.proxy import proxied
-from p40fleet.spec import Proxy
+from p40fleet.spec import Proxy, StackSpec
 from p40fleet.verl_patches import APPLIER_PATH
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "install",
     "patch",
     "requirements",
+    "survey_parts",
 ]
 
 #: Exit codes of files/verl_patch.py.
@@ -323,3 +328,39 @@ def install(
             ),
         ),
     )
+
+
+def survey_parts(spec: StackSpec) -> list[Part]:
+    """The facts this module asks on a converged host, with deploy/python.py's paths, for every
+    GPU profile's rule set (the host's GPUs are not known before the survey answers;
+    ``operations.survey``)."""
+    user, env = spec.user, spec.env
+    by_user = {"user": user.name}
+    python = env_python(env.conda_prefix, env.name)
+    the_env = conda_env_dir(env.conda_prefix, env.name)
+    cache = f"{user.home}/.cache/p40fleet"
+    work_dir = f"{cache}/verl-patch"
+    script = posixpath.join(work_dir, "verl_patch.py")
+    parts = [
+        part(GitCheckout, path=env.verl_checkout, **by_user),  # checkout, checkout_moves
+        part(Directory, path=work_dir),  # patch (mkdir_as)
+        part(UserFile, path=script, **by_user),
+    ]
+    for profile in verl_patches.PROFILES:
+        try:
+            rules_json = verl_patches.ruleset_json(spec.verl.ref, profile)
+        except verl_patches.VerlPatchError:
+            continue  # no rules for this profile: the host is refused before the patch
+        _, rules = patch_files(work_dir, rules_json)
+        parts.append(part(UserFile, path=rules, **by_user))
+        parts.append(
+            part(VerlPatchCheck, python=python, script=script, rules=rules,
+                 checkout=env.verl_checkout, **by_user)
+        )  # fmt: skip
+    dest = f"{cache}/verl-requirements-{spec.requirements_variant}.txt"
+    return parts + [
+        part(Directory, path=cache),  # requirements (mkdir_as)
+        part(UserFile, path=dest, **by_user),
+        part(MarkerText, path=f"{the_env.rstrip('/')}/{REQUIREMENTS_MARKER}", **by_user),
+        part(EnvDistributions, python=python, **by_user),  # install
+    ]

@@ -26,6 +26,7 @@ Usage::
     result.noops        # ["CUDA 11.8.89 already installed ..."]
     result.logs         # messages given to host.log / host.log_styled
     result.failures     # messages of refusals (FunctionCommands named _fail / _refuse)
+    result.asked        # every fact asked, as FactKey(cls, kwargs) (str(): "Fact(path='/x')")
     result.changed      # bool(commands)
 
 Strings in ``commands``:
@@ -98,6 +99,7 @@ class OpResult:
     uploads: dict[str, str] = field(default_factory=dict)
     functions: list[FunctionCommand] = field(default_factory=list)
     facts_asked: list[str] = field(default_factory=list)
+    asked: list[FactKey] = field(default_factory=list)  # the same asks, as keys
 
     @property
     def changed(self) -> bool:
@@ -181,6 +183,7 @@ def run_op(
         bound = _bound_kwargs(cls, fargs, fkwargs)
         key = FactKey(cls, tuple(sorted((k, _frozen(v)) for k, v in bound.items())))
         result.facts_asked.append(str(key))
+        result.asked.append(key)
         if key in facts:
             value = facts[key]
         elif cls in facts:
