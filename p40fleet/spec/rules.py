@@ -118,7 +118,8 @@ def check_user(user: TrainingUser) -> TrainingUser:
 
 
 def check_apt_mirror(apt: AptMirror) -> AptMirror:
-    """A flat suite has no components or extra suites; signed_by or trusted, exactly one."""
+    """A flat suite (ending in '/') has no components or extra suites, any other at least one
+    component; signed_by (an existing .gpg or .asc on the controller) or trusted, not both."""
     found: list[tuple[str, Any, str]] = []
     flat = apt.suite.endswith("/")
     if flat and apt.extra_suites:
