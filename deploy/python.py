@@ -5,8 +5,9 @@
 Runs after deploy/system.py. Everything under the training user's home runs as that user
 (``_su_user``). A second run reports no changes; changing the verl ref re-runs only the verl
 steps; Apex is compiled on one host per build key (``operations/apex_fleet.py`` elects it) and
-installed from that wheel everywhere. Per host: refusals, then the values every step needs
-(this host's facts read once), then the numbered steps.
+installed from that wheel everywhere. A host this layer cannot serve (its GPUs, a verl ref
+without rules for them, a conda, torch or verl lock that cannot install) is refused by the
+preflight before any step; each step below computes what only it needs.
 """
 
 from __future__ import annotations
@@ -20,65 +21,19 @@ from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
 from facts.survey import ask
 from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
-from operations.refuse import refuse
 from operations.run.spec import validated_spec
 from p40fleet import apex_build, preflight, verl_patches
-from p40fleet.preflight import verl_refusal
 from p40fleet.privdrop import STAGE_DIR
-from p40fleet.profile import HostGpuSummary
-from p40fleet.spec import StackSpec
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = os.path.join(REPO, "files")
+FILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "files")
 
-
-def refusal(spec: StackSpec, summary: HostGpuSummary) -> dict[str, str] | None:
-    """Why this host gets no Python layer (``refuse``'s arguments), or None: GPUs outside the
-    stack; a verl ref without rules for this profile (62549582 on Pascal: this host's
-    refusal, not a VerlPatchError for the whole run); no requirements file for the variant."""
-    if not summary.ok:
-        return dict(
-            name="Refuse: Python layer",
-            step="python layer",
-            reason=f"GPUs {summary.gpus_str}: {summary.refused}",
-            remedy="run deploy/facts.py and fix what it reports",
-        )
-    unserved = verl_refusal(spec.verl.ref, summary)
-    if unserved is not None:
-        return dict(
-            name="Refuse: verl ref",
-            step=unserved.step,
-            reason=unserved.reason,
-            remedy=unserved.remedy,
-        )
-    if not os.path.isfile(requirements_file(spec)):
-        return dict(
-            name="Refuse: verl requirements",
-            step="verl requirements",
-            reason=f"{requirements_file(spec)} does not exist "
-            f"(variant {spec.requirements_variant!r})",
-            remedy="set stack.verl.requirements to a variant with a file in files/",
-        )
-    return None
-
-
-def requirements_file(spec: StackSpec) -> str:
-    return str(preflight.verl_requirements_path(spec))  # one rule, the preflight's
-
-
-# Refusals first (OS, GPUs, spec, space, mirror), also when this deploy runs alone; idempotent.
-# The steps run at the file's top level, as in deploy/system.py.
+# Refusals first (OS, GPUs, verl ref, locks, space, mirror), also when this deploy runs alone;
+# idempotent. A refused host gets no step (validated_spec returns None for it). The steps run
+# at the file's top level, as in deploy/system.py.
 local.include("deploy/preflight.py")
 spec = validated_spec()
-refused = None
-if spec is not None:
-    gpus = ask(host, PciGpus)
-    summary = spec.gpu_summary(gpus)
-    refused = refusal(spec, summary)
-    if refused is not None:
-        refuse(**refused)
 
-if spec is not None and refused is None:
+if spec is not None:
     user, env = spec.user, spec.env
     force = set(spec.policy.force_reinstall)
     # Commands run as the training user (su); facts run as root and drop to that user for
@@ -87,27 +42,13 @@ if spec is not None and refused is None:
     as_user = {"user": user.name}
     python = env_python(env.conda_prefix, env.name)
     the_env = env_dir(env.conda_prefix, env.name)
-    cache = f"{user.home}/.cache/p40fleet"
     mirror_channel = spec.mirror.conda_channel if spec.mirror is not None else None
+    variant = spec.requirements_variant
     # The env (re)created in this run: what the facts saw installed in it no longer holds.
-    conda_lock_sum = preflight.conda_lock_sum(spec)  # None: refused by the preflight
     fresh = conda.env_fresh(
         env.conda_prefix, env.name, spec.python_version, user.name, force="env" in force,
-        lock_sum=conda_lock_sum,
+        lock_sum=preflight.conda_lock_sum(spec),  # the lock the preflight checked
     )  # fmt: skip
-    variant = spec.requirements_variant
-    requirements = requirements_file(spec)
-    build = spec.apex_build(gpus)
-    key = build.key
-    work = apex_build.host_work_dir(user.home, key)
-    host_tar = f"{work}/{apex_build.WHEEL_TAR}"
-    local_tar = apex_build.controller_wheel(key)
-    wheel_sum = apex_build.host_sum(spec.paths.artifact_cache, key)  # root-owned
-    needed = apex.needed(python, the_env, key, user.name, fresh_env=fresh, force="apex" in force)
-    builder = apex_fleet.builder(state, key) if needed else None
-    builds_here = builder == host.name
-    jobs = apex_build.max_jobs(ask(host, Cpus), ask(host, MemTotal))
-    moving = verl.checkout_moves(env.verl_checkout, spec.verl.commit, user.name)
 
     # 1. Training user: fixed uid, so a reinstalled OS gets the same owner for the kept /home.
     training_user.queued_hosts(state).add(host.name)
@@ -191,6 +132,14 @@ if spec is not None and refused is None:
     # 5. Apex: one build per key and fleet (the builder), a wheel for everyone.
     # The same three operations on every host, so pyinfra orders them alike everywhere:
     # the builder's build and copy-back happen before anyone's upload.
+    build = spec.apex_build(ask(host, PciGpus))
+    key = build.key
+    host_tar = f"{apex_build.host_work_dir(user.home, key)}/{apex_build.WHEEL_TAR}"
+    local_tar = apex_build.controller_wheel(key)
+    wheel_sum = apex_build.host_sum(spec.paths.artifact_cache, key)  # root-owned
+    needed = apex.needed(python, the_env, key, user.name, fresh_env=fresh, force="apex" in force)
+    builder = apex_fleet.builder(state, key) if needed else None
+    builds_here = builder == host.name
     apex.build_wheel(
         name="Build the Apex wheel (one host per build key)",
         python=python,
@@ -201,7 +150,7 @@ if spec is not None and refused is None:
         key=key,
         cuda_home=spec.paths.cuda_dir,
         arch_list=build.arch_list,
-        max_jobs=jobs,
+        max_jobs=apex_build.max_jobs(ask(host, Cpus), ask(host, MemTotal)),
         cuda_ext=build.cuda_ext,
         needed=builds_here,
         proxy=spec.proxy,
@@ -241,6 +190,9 @@ if spec is not None and refused is None:
     )
 
     # 6. verl: pinned checkout, patched for this host's profile, deps pinned, --no-deps -e.
+    moving = verl.checkout_moves(env.verl_checkout, spec.verl.commit, user.name)
+    profile = spec.gpu_summary(ask(host, PciGpus)).profile
+    cache = f"{user.home}/.cache/p40fleet"
     verl.checkout(
         name=f"verl checkout at {spec.verl.ref}",
         path=env.verl_checkout,
@@ -251,11 +203,11 @@ if spec is not None and refused is None:
         **as_user,
     )
     verl.patch(
-        name=f"verl patch rules ({summary.profile})",
+        name=f"verl patch rules ({profile})",
         python=python,
         checkout=env.verl_checkout,
         script_src=os.path.join(FILES, "verl_patch.py"),
-        rules_json=verl_patches.ruleset_json(spec.verl.ref, summary.profile),
+        rules_json=verl_patches.ruleset_json(spec.verl.ref, profile),
         work_dir=f"{cache}/verl-patch",
         checkout_changes=moving,
         **as_user,
@@ -263,7 +215,7 @@ if spec is not None and refused is None:
     verl.requirements(
         name=f"verl pinned deps ({variant})",
         python=python,
-        src=requirements,
+        src=str(preflight.verl_requirements_path(spec)),  # the file the preflight checked
         dest=f"{cache}/verl-requirements-{variant}.txt",
         env_dir=the_env,
         index_args=spec.pip_deps_args(),

@@ -25,7 +25,7 @@ import posixpath
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
+from pyinfra.api import Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.conda import (
@@ -40,7 +40,7 @@ from facts.conda import (
     env_dir,
 )
 from facts.survey import Part, ask, part
-from operations.refuse import refusal_message
+from operations.refuse import refuse
 from operations.util.as_user import as_user
 from p40fleet import condalock
 from p40fleet.proxy import proxied
@@ -309,21 +309,14 @@ def env(
         raise ValueError("conda.env: lock and lock_dest are required (every file is hashed)")
     text, problems = env_lock(lock, python_version, lock_channel)
     if problems:
-        message = refusal_message(
-            host.name,
-            "conda env",
-            f"{lock}: " + "; ".join(problems),
-            "regenerate the lock on a trusted machine that reaches the channel: conda create -n "
-            f"lock python={python_version} -y && conda list -n lock --explicit --sha256 > "
-            f"{posixpath.basename(lock)} (--md5 for a conda older than 24.9; see its header)",
+        yield from refuse._inner(
+            step="conda env",
+            reason=f"{lock}: " + "; ".join(problems),
+            remedy="regenerate the lock on a trusted machine that reaches the channel: conda "
+            f"create -n lock python={python_version} -y && conda list -n lock --explicit "
+            f"--sha256 > {posixpath.basename(lock)} (--md5 for a conda older than 24.9; see its "
+            "header)",
         )
-
-        def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
-            for line in message.splitlines():
-                host.log_styled(line, fg="red")
-            return False
-
-        yield FunctionCommand(_refuse, (), {})
         return
     digest = condalock.digest(text)
     reason = env_rebuild_reason(prefix, name, python_version, user, lock_sum=digest)

@@ -11,12 +11,12 @@ from io import StringIO
 
 from packaging.version import InvalidVersion, Version
 from pyinfra import host
-from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from facts.conda import EnvDistributions, env_python
 from facts.survey import Part, ask, part
-from operations.refuse import refusal_message
+from operations.refuse import refuse
 from operations.util.as_user import as_user
 from p40fleet import hashlock
 from p40fleet.proxy import proxied
@@ -95,20 +95,13 @@ def torch(
     except OSError as exc:  # e.g. stack.verl.requirements names a variant without a torch lock
         text, problems = "", [f"cannot read it ({exc.strerror})"]
     if problems:
-        message = refusal_message(
-            host.name,
-            "torch install",
-            f"{lock}: " + "; ".join(problems),
-            "put the sha256 of each named wheel (as its index publishes it) in stack.torch.sha256, "
-            "or regenerate the lock for the spec's torch pins (see the file's header)",
+        yield from refuse._inner(
+            step="torch install",
+            reason=f"{lock}: " + "; ".join(problems),
+            remedy="put the sha256 of each named wheel (as its index publishes it) in "
+            "stack.torch.sha256, or regenerate the lock for the spec's torch pins (see the file's "
+            "header)",
         )
-
-        def _refuse(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
-            for line in message.splitlines():
-                host.log_styled(line, fg="red")
-            return False
-
-        yield FunctionCommand(_refuse, (), {})
         return
     yield from files.put._inner(src=StringIO(text), dest=lock_dest, add_deploy_dir=False)
     # The whole closure at once: --require-hashes refuses any file whose sum the lock does not

@@ -13,10 +13,7 @@ from pathlib import Path
 
 from p40fleet import condalock, hashlock, verl_patches
 from p40fleet.profile import HostGpuSummary
-from p40fleet.spec import ARTIFACTS, StackSpec
-
-# The seed targets Ubuntu 20.04; CUDA 11.8 and R525 also support 22.04.
-SUPPORTED_OS = ("Ubuntu 20.04", "Ubuntu 22.04")
+from p40fleet.spec import ARTIFACTS, SUPPORTED_OS, StackSpec
 
 #: The repository's files/: the hash-locked requirement files the Python layer installs.
 FILES = Path(__file__).resolve().parent.parent / "files"

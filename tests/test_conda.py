@@ -273,7 +273,7 @@ def test_lock_without_sums_or_other_python_refused(tmp_path):
     unsummed = tmp_path / "nosum.txt"
     unsummed.write_text(re.sub(r"(_cpython\.conda)#sha256:[0-9a-f]{64}", r"\1", text))
     result = _env(EnvPythonState("missing"), lock=str(unsummed))
-    assert result.commands == ["function _refuse"]
+    assert result.commands == ["function _fail"]
     assert "python-3.10.12-hd12c33a_0_cpython.conda has no sum" in result.failures[0]
     assert "conda list -n lock --explicit --sha256" in result.failures[0]
     result = run_op(conda.env, prefix=PREFIX, env_name="verl-p40", python_version="3.11.2",

@@ -1135,3 +1135,33 @@ def test_stack_host_replacing_a_trust_anchor_is_named(stack, stack_host, anchors
     from p40fleet.spec import trust_anchor_overrides
 
     assert trust_anchor_overrides(stack, stack_host) == anchors
+
+
+def test_pins_py_holds_no_check_across_fields_rules_py_does():
+    """pins.py is the defaults file: each model's after-validator is one call into rules.py,
+    where the checks across fields live (issue #29); the supported OS list is a pin."""
+    import ast
+
+    from p40fleet import preflight
+    from p40fleet.spec import SUPPORTED_OS, rules
+
+    tree = ast.parse((REPO / "p40fleet" / "spec" / "pins.py").read_text())
+    checks = {}
+    for cls in (node for node in tree.body if isinstance(node, ast.ClassDef)):
+        for func in (node for node in cls.body if isinstance(node, ast.FunctionDef)):
+            if "model_validator(mode='after')" not in map(ast.unparse, func.decorator_list):
+                continue
+            (body,) = func.body  # one statement: return rules.check_<model>(self, ...)
+            assert isinstance(body, ast.Return) and isinstance(body.value, ast.Call), cls.name
+            checks[cls.name] = ast.unparse(body.value.func)
+    assert checks == {
+        "Paths": "rules.check_paths",
+        "TrainingUser": "rules.check_user",
+        "AptMirror": "rules.check_apt_mirror",
+        "Mirror": "rules.check_mirror",
+        "RayCluster": "rules.check_ray",
+        "TrainingData": "rules.check_training_data",
+        "StackSpec": "rules.check_stack",
+    }
+    assert set(rules.__all__) == {name.removeprefix("rules.") for name in checks.values()}
+    assert preflight.SUPPORTED_OS is SUPPORTED_OS == ("Ubuntu 20.04", "Ubuntu 22.04")

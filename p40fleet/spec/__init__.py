@@ -1,9 +1,13 @@
 """The validated stack spec: what a P40 host gets, pinned and checked before anything runs.
 
-The package, one job per module (imports run one way: fields <- proxy <- pins <- errors <- load):
+The package, one job per module (imports run one way: fields <- proxy, rules <- pins <- errors
+<- load):
 
-- ``pins.py``: the pinned models with their defaults, which are the real pins (start there);
+- ``pins.py``: the pinned models with their defaults, which are the real pins (start there),
+  and the supported OS releases;
 - ``fields.py``: validators, ``Annotated`` field types and the safe alphabets;
+- ``rules.py``: the rules across fields (a changed pin with its own sum, the env inside the
+  home, ports apart, ...), attached to the models in ``pins.py``;
 - ``proxy.py``: ``stack.proxy`` and :func:`redact` (a proxy password never shown);
 - ``errors.py``: :class:`SpecError` and pydantic's errors translated into admin words;
 - ``load.py``: :func:`deep_merge`, :func:`load_spec`, :func:`spec_for_host` and its cache.

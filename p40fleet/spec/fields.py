@@ -1,9 +1,9 @@
 """Field types of the stack spec: validators, ``Annotated`` types and safe alphabets.
 
 Each validator raises ``ValueError`` whose text is what an admin should supply (``errors.py``
-turns it into a ``host X: stack.FIELD = VALUE: EXPECTED`` line). Cross-field validators of the
-models raise :class:`_Problems`, which carries each problem with its own field path. Nothing here
-knows a pin: the pinned models and their defaults are in ``pins.py``.
+turns it into a ``host X: stack.FIELD = VALUE: EXPECTED`` line). The rules across fields
+(``rules.py``) raise :class:`_Problems`, which carries each problem with its own field path.
+Nothing here knows a pin: the pinned models and their defaults are in ``pins.py``.
 """
 
 from __future__ import annotations

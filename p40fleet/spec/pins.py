@@ -20,10 +20,13 @@ Apex                tag 25.09, 4bdecd06... (``ApexPin``)
 verl                tag v0.5.0, 8fdc4d3f... (``VerlPin``); requirements lock v0.5.0
                     (``VERL_REQUIREMENTS_CUDA``; ``lab`` for a CPU torch)
 training user       verl, uid 2001, /home/verl (``TrainingUser``)
+OS                  Ubuntu 20.04 (22.04 also supported: ``SUPPORTED_OS``)
 ==================  =========================================================================
 
-Field types and validators are in ``fields.py``, error wording in ``errors.py``, loading from
-pyinfra host data in ``load.py``.
+Fields, their defaults and the values derived from them (a default that follows another field,
+such as the home from the user name, is a default here): field types and their validators are
+in ``fields.py``, the rules across fields in ``rules.py``, error wording in ``errors.py``,
+loading from pyinfra host data in ``load.py``.
 """
 
 from __future__ import annotations
@@ -38,13 +41,10 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, model_va
 from pydantic_core import PydanticUndefined
 
 from p40fleet.profile import HostGpuSummary, summarize_host
+from p40fleet.spec import rules
 from p40fleet.spec.fields import (
     _APT_WORD,
     _FROZEN,
-    _SYSTEM_DIRS,
-    _SYSTEM_TREES,
-    _TMP_DIRS,
-    HOME_ROOTS,
     AbsPath,
     BaseUrl,
     FileName,
@@ -53,18 +53,13 @@ from p40fleet.spec.fields import (
     HttpUrl,
     Pep440,
     Port,
-    Problem,
     Sha256,
     TarArchiveName,
-    _cuda_dir_problem,
     _host_address,
     _ip,
-    _is_under,
     _pattern,
-    _Problems,
     _python_version,
     _python_version_text,
-    _root_dir_problem,
     _url_or_abs_path,
 )
 from p40fleet.spec.proxy import Proxy
@@ -77,6 +72,7 @@ __all__ = [
     "COMPONENTS",
     "GCC_MAX",
     "GIT_PINS",
+    "SUPPORTED_OS",
     "VERL_REQUIREMENTS_CPU",
     "VERL_REQUIREMENTS_CUDA",
     "ApexPin",
@@ -104,6 +100,10 @@ __all__ = [
     "VerlPin",
     "cuda_release_of",
 ]
+
+#: The OS releases (``facts.host.os_label``) the driver and CUDA pins are meant for: the seed
+#: targets Ubuntu 20.04; CUDA 11.8 and R525 also support 22.04. The preflight refuses others.
+SUPPORTED_OS: tuple[str, ...] = ("Ubuntu 20.04", "Ubuntu 22.04")
 
 #: Names accepted by :meth:`StackSpec.artifact_url` (fields of StackSpec that are artifacts).
 ARTIFACTS: tuple[str, ...] = ("driver", "cuda", "cudnn", "miniconda")
@@ -145,9 +145,6 @@ SYSTEM_ACCOUNTS: frozenset[str] = frozenset(
      "tss", "uuidd", "tcpdump", "landscape", "pollinate", "sshd", "lxd", "usbmux", "dnsmasq",
      "ntp", "postfix", "admin", "operator", "adm", "sudo", "wheel", "staff", "users")
 )  # fmt: skip
-# Directories of the home that hold credentials: no env path (written by deploys) goes there.
-_CREDENTIAL_DIRS = (".ssh", ".gnupg")
-
 # Default locations of the env paths, relative to user.home.
 _ENV_SUBDIRS = {
     "conda_prefix": "miniconda3",
@@ -341,46 +338,8 @@ class Paths(BaseModel):
     artifact_cache: AbsPath = "/var/cache/p40fleet"
 
     @model_validator(mode="after")
-    def _checks(self) -> Paths:
-        problems = [
-            Problem(("cuda_dir",), self.cuda_dir, expected)
-            for expected in [
-                _cuda_dir_problem(self.cuda_dir, "a toolkit dir", "/usr/local/cuda-11.8")
-            ]
-            if expected
-        ]
-        problems += [
-            Problem(("cuda_link",), self.cuda_link, expected)
-            for expected in [_cuda_dir_problem(self.cuda_link, "a symlink", "/usr/local/cuda")]
-            if expected
-        ]
-        for tmp in _TMP_DIRS:
-            if _is_under(self.cudnn_extract_dir, tmp):
-                problems.append(
-                    Problem(
-                        ("cudnn_extract_dir",),
-                        self.cudnn_extract_dir,
-                        f"expected a persistent directory, not under {tmp} (cuDNN files are "
-                        "hard-linked from here into the CUDA dir), e.g. /usr/local/src",
-                    )
-                )
-        for field in ("artifact_cache", "cudnn_extract_dir"):
-            value = getattr(self, field)
-            if any(p.loc == (field,) for p in problems):
-                continue  # one reason per field is enough
-            if expected := _root_dir_problem(value):
-                problems.append(Problem((field,), value, expected))
-        if self.cuda_link == self.cuda_dir:
-            problems.append(
-                Problem(
-                    ("cuda_link",),
-                    self.cuda_link,
-                    "expected a symlink path different from cuda_dir (e.g. /usr/local/cuda)",
-                )
-            )
-        if problems:
-            raise _Problems(problems)
-        return self
+    def _rules(self) -> Paths:
+        return rules.check_paths(self)
 
 
 def _not_system_account(name: str) -> str:
@@ -409,23 +368,8 @@ class TrainingUser(BaseModel):
     home: AbsPath = "/home/verl"
 
     @model_validator(mode="after")
-    def _checks(self) -> TrainingUser:
-        # The user gets to own its home: a system dir there (/etc, /usr, /home itself) is root.
-        if self.home in _SYSTEM_DIRS or not any(
-            _is_under(self.home, root, strict=True) for root in HOME_ROOTS
-        ):
-            raise _Problems(
-                [
-                    Problem(
-                        ("home",),
-                        self.home,
-                        f"expected a home directory of its own such as /home/{self.name} "
-                        f"(under {', '.join(HOME_ROOTS)}; never a system directory, which the "
-                        "user would then own)",
-                    )
-                ]
-            )
-        return self
+    def _rules(self) -> TrainingUser:
+        return rules.check_user(self)
 
 
 class PythonEnv(BaseModel):
@@ -488,34 +432,8 @@ class AptMirror(BaseModel):
     trusted: bool = False
 
     @model_validator(mode="after")
-    def _checks(self) -> AptMirror:
-        found: list[tuple[str, Any, str]] = []
-        flat = self.suite.endswith("/")
-        if flat and self.extra_suites:
-            found.append(("extra_suites", list(self.extra_suites), "expected none with a "
-                          "flat suite ending in '/' (a flat repository has one)"))  # fmt: skip
-        if flat and self.components:
-            found.append(("components", list(self.components), "expected no components with "
-                          "a flat suite ending in '/'"))  # fmt: skip
-        if not flat and not self.components:
-            found.append(("components", [], "expected at least one component such as main "
-                          "(or a flat suite such as ./)"))  # fmt: skip
-        if self.signed_by is not None and self.trusted:
-            found.append(("trusted", True, "expected trusted: False with signed_by (a signed "
-                          "repository is checked, not trusted)"))  # fmt: skip
-        elif self.signed_by is None and not self.trusted:
-            found.append(("signed_by", None, "expected the repository's key file on the "
-                          "controller (.gpg or .asc), or trusted: True to turn apt's "
-                          "signature check off for this mirror"))  # fmt: skip
-        elif self.signed_by is not None and not self.signed_by.endswith((".gpg", ".asc")):
-            found.append(("signed_by", self.signed_by, "expected a key file named *.gpg "
-                          "(binary) or *.asc (armored), as apt needs"))  # fmt: skip
-        elif self.signed_by is not None and not posixpath.isfile(self.signed_by):
-            found.append(("signed_by", self.signed_by, "expected an existing key file on the "
-                          "controller (gpg --export KEYID > FILE.gpg)"))  # fmt: skip
-        if found:
-            raise _Problems([Problem((field,), value, text) for field, value, text in found])
-        return self
+    def _rules(self) -> AptMirror:
+        return rules.check_apt_mirror(self)
 
 
 class Mirror(BaseModel):
@@ -536,26 +454,8 @@ class Mirror(BaseModel):
     air_gapped: bool = False
 
     @model_validator(mode="after")
-    def _air_gapped_needs_all(self) -> Mirror:
-        if not self.air_gapped:
-            return self
-        missing = [
-            name
-            for name, value in (
-                ("artifacts_url", self.artifacts_url),
-                ("pip_index_url", self.pip_index_url or self.pip_find_links),
-                ("git_base_url", self.git_base_url),
-                ("apt", self.apt),
-                ("conda_channel", self.conda_channel),
-            )
-            if value is None
-        ]
-        if missing:
-            what = {"apt": "an apt source (url, suite, ...)"}
-            raise _Problems([Problem((name,), None, f"expected {what.get(name, 'a mirror URL')}: "
-                                     "an air-gapped host has no other source (or set "
-                                     "air_gapped: False)") for name in missing])  # fmt: skip
-        return self
+    def _rules(self) -> Mirror:
+        return rules.check_mirror(self)
 
 
 class Policy(BaseModel):
@@ -621,45 +521,8 @@ class RayCluster(BaseModel):
     collective_min_busbw_gbs: float = Field(default=0.05, gt=0, le=10000)
 
     @model_validator(mode="after")
-    def _checks(self) -> RayCluster:
-        problems = []
-        if self.client_server and self.client_server_port in (self.port, self.dashboard_port):
-            problems.append(
-                Problem(("client_server_port",), self.client_server_port,
-                        f"expected a port other than ray.port {self.port} and "
-                        f"ray.dashboard_port {self.dashboard_port}")
-            )  # fmt: skip
-        taken = {self.port: "ray.port"}
-        if self.dashboard:
-            taken[self.dashboard_port] = "ray.dashboard_port"
-        if self.collective_port in taken:
-            problems.append(
-                Problem(("collective_port",), self.collective_port,
-                        f"expected a port other than {taken[self.collective_port]} "
-                        f"{self.collective_port}")
-            )  # fmt: skip
-        if self.dashboard and self.dashboard_port == self.port:
-            problems.append(
-                Problem(
-                    ("dashboard_port",),
-                    self.dashboard_port,
-                    f"expected a port other than ray.port {self.port}",
-                )
-            )
-        # Ray creates, fills and deletes session dirs here as the training user.
-        temp = self.temp_dir
-        if temp in _SYSTEM_DIRS or any(_is_under(temp, tree) for tree in _SYSTEM_TREES):
-            problems.append(
-                Problem(
-                    ("temp_dir",),
-                    temp,
-                    "expected a directory of Ray's own such as /tmp/ray, not a system "
-                    "directory or one inside the OS's trees",
-                )
-            )
-        if problems:
-            raise _Problems(problems)
-        return self
+    def _rules(self) -> RayCluster:
+        return rules.check_ray(self)
 
 
 class TrainingArchive(BaseModel):
@@ -700,12 +563,8 @@ class TrainingData(BaseModel):
     archive: TrainingArchive | None = None
 
     @model_validator(mode="after")
-    def _two_files(self) -> TrainingData:
-        if self.train_file == self.val_file:
-            raise _Problems([Problem(("val_file",), self.val_file,
-                                     "expected a validation file other than train_file (verl "
-                                     "would validate on the training data)")])  # fmt: skip
-        return self
+    def _rules(self) -> TrainingData:
+        return rules.check_training_data(self)
 
 
 class Training(BaseModel):
@@ -765,141 +624,8 @@ class StackSpec(BaseModel):
         return {**data, "user": user, "env": env}
 
     @model_validator(mode="after")
-    def _env_under_home(self) -> StackSpec:
-        home = self.user.home
-        problems = [
-            Problem(
-                ("env", field),
-                value,
-                f"expected a path under user.home {home!r} (so it survives an OS reinstall "
-                f"that keeps /home), e.g. {posixpath.join(home, _ENV_SUBDIRS[field])!r}",
-            )
-            for field, value in self.env.model_dump().items()
-            if field != "name" and not _is_under(value, home, strict=True)
-        ]
-        problems += self._root_dirs_outside_home()
-        if not problems:
-            problems += self._env_overlaps()
-        problems += self._half_done_overrides()
-        problems += self._training_archives_reachable()
-        problems += self._http_conda_channel()
-        if problems:
-            raise _Problems(problems)
-        return self
-
-    def _root_dirs_outside_home(self) -> list[Problem]:
-        """S7: root's downloads and cuDNN tree never inside user.home (a home under /srv or
-        /data passes the /home rule): the user can rename any entry of its home, so it could
-        swap the directory root runs files from. Parents outside the home are checked on the
-        host (``facts.artifacts.UnsafeParent``)."""
-        home = self.user.home
-        return [
-            Problem(
-                ("paths", field),
-                value,
-                f"expected a root-only directory outside user.home {home!r} (the training user "
-                "can rename what is inside its home and swap what root runs), e.g. "
-                f"{type(self.paths).model_fields[field].default}",
-            )
-            for field in ("artifact_cache", "cudnn_extract_dir")
-            if _is_under(value := getattr(self.paths, field), home)
-        ]
-
-    def _env_overlaps(self) -> list[Problem]:
-        """Env paths that are one another (or inside one another), or in a credentials dir:
-        each deploy creates, fills and replaces its own as the training user."""
-        problems = []
-        paths = [(field, getattr(self.env, field)) for field in _ENV_SUBDIRS]
-        for i, (field, value) in enumerate(paths):
-            for other, other_value in paths[:i]:
-                if _is_under(value, other_value) or _is_under(other_value, value):
-                    example = posixpath.join(self.user.home, _ENV_SUBDIRS[field])
-                    problems.append(
-                        Problem(
-                            ("env", field),
-                            value,
-                            f"expected a directory apart from env.{other} {other_value!r} "
-                            f"(not the same, not inside it), e.g. {example!r}",
-                        )
-                    )
-                    break
-            for secret in _CREDENTIAL_DIRS:
-                if _is_under(value, posixpath.join(self.user.home, secret)):
-                    problems.append(
-                        Problem(
-                            ("env", field),
-                            value,
-                            f"expected a directory outside ~/{secret} (the user's credentials, "
-                            "which a deploy would then write into)",
-                        )
-                    )
-        return problems
-
-    def _half_done_overrides(self) -> list[Problem]:
-        """A changed version with the old version's file/sum/commit left in place."""
-        problems = []
-        mirrored = self.mirror is not None and self.mirror.artifacts_url is not None
-        for name in ARTIFACTS:
-            artifact: Artifact = getattr(self, name)
-            default = type(artifact).model_fields["version"].default
-            if "version" not in artifact.model_fields_set or artifact.version == default:
-                continue
-            needed = ["filename", "sha256"] + ([] if mirrored else ["url"])
-            missing = [key for key in needed if key not in artifact.model_fields_set]
-            if missing:
-                problems.append(
-                    Problem(
-                        (name, "version"),
-                        artifact.version,
-                        f"also set {', '.join(f'{name}.{key}' for key in missing)} for this "
-                        f"version (the defaults belong to {default})",
-                    )
-                )
-        for name in GIT_PINS:
-            pin: GitPin = getattr(self, name)
-            changed = {"ref", "commit"} & pin.model_fields_set
-            default_pin = type(pin)()
-            if not changed or (pin.ref, pin.commit) == (default_pin.ref, default_pin.commit):
-                continue
-            needed = ["ref", "commit"] + (["version"] if name == "verl" else [])
-            missing = [key for key in needed if key not in pin.model_fields_set]
-            if missing:
-                problems.append(
-                    Problem(
-                        (name, sorted(changed)[0]),
-                        getattr(pin, sorted(changed)[0]),
-                        f"also set {', '.join(f'{name}.{key}' for key in missing)} "
-                        f"(the defaults belong to {default_pin.ref} = {default_pin.commit[:12]})",
-                    )
-                )
-        return problems
-
-    def _http_conda_channel(self) -> list[Problem]:
-        """An http:// conda channel only with policy.allow_http_conda_channel (N7)."""
-        channel = self.mirror.conda_channel if self.mirror is not None else None
-        if not channel or not channel.startswith("http://"):
-            return []
-        if self.policy.allow_http_conda_channel:
-            return []
-        text = (
-            "expected an https:// channel (conda fetches the env's packages from it; plain "
-            "http lets the network answer): serve the mirror over https, or set "
-            "stack.policy.allow_http_conda_channel: True to accept http (the env's files are "
-            "still checked against files/conda-env-<variant>.txt)"
-        )
-        return [Problem(("mirror", "conda_channel"), channel, text)]
-
-    def _training_archives_reachable(self) -> list[Problem]:
-        """A training archive needs a URL unless the mirror's artifacts serve it."""
-        if self.mirror is not None and self.mirror.artifacts_url:
-            return []
-        return [
-            Problem(("training", which, "archive", "url"), None,
-                    "expected a URL for the archive (or set mirror.artifacts_url)")
-            for which in ("model", "data")
-            if (archive := getattr(self.training, which).archive) is not None
-            and archive.url is None
-        ]  # fmt: skip
+    def _rules(self) -> StackSpec:
+        return rules.check_stack(self, ARTIFACTS, GIT_PINS, _ENV_SUBDIRS)
 
     # -- derived helpers ---------------------------------------------------------------------
 
