@@ -1,6 +1,10 @@
 """``python -m p40fleet.mirror build DIR [--inventory INV] [--index-url URL ...] [--base-url URL]
-[--kernel RELEASE ... [--apt-upstream URL] [--apt-suite S ...] [--apt-component C ...]
-[--upstream-keyring FILE]] | verify DIR | serve DIR --bind ADDR:PORT [--access-log FILE]``.
+[--conda-upstream URL] [--kernel RELEASE ... [--apt-upstream URL] [--apt-suite S ...]
+[--apt-component C ...] [--upstream-keyring FILE]] | verify DIR | serve DIR --bind ADDR:PORT
+[--access-log FILE]``.
+
+The conda part is every file of the conda env's explicit lock (``files/conda-env-<variant>.txt``),
+checked against the lock line's sum, under ``DIR/conda/SUBDIR/FILE``.
 
 The apt part runs when at least one ``--kernel`` is given (the releases ``uname -r`` reports on
 the hosts; ``deploy/facts.py`` shows them): the deploy's apt packages, ``linux-headers-`` of each
@@ -35,10 +39,15 @@ REPO = Path(__file__).resolve().parents[2]
 def specs_of(inventory: str | None) -> list[StackSpec]:
     """The validated spec of every inventory host (one spec per distinct set of settings);
     without an inventory, ``inventories/group_data/all.py``'s ``stack``."""
+    return fleet_of(inventory)[1]
+
+
+def fleet_of(inventory: str | None) -> tuple[list[str], list[StackSpec]]:
+    """The inventory's host names (none without an inventory) and :func:`specs_of`'s specs."""
     if inventory is None:
         group = REPO / "inventories/group_data/all.py"
         stack = runpy.run_path(str(group)).get("stack", {}) if group.is_file() else {}
-        return [load_spec("group_data/all.py", stack)]
+        return [], [load_spec("group_data/all.py", stack)]
     from pyinfra.api import Config, State
     from pyinfra.context import ctx_config, ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -60,7 +69,7 @@ def specs_of(inventory: str | None) -> list[StackSpec]:
     for spec in specs:
         if spec not in unique:
             unique.append(spec)
-    return unique
+    return [host.name for host in hosts], unique
 
 
 def _address(value: str) -> tuple[str, int]:
@@ -83,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="clone the git pins from URL/NAME.git instead of their remote")  # fmt: skip
     b.add_argument("--base-url", default="http://MIRROR:8111",
                    help="where the mirror will be served (for the stack block)")  # fmt: skip
+    b.add_argument("--conda-upstream", metavar="URL",
+                   help="fetch the conda lock's files from URL/SUBDIR/FILE (a channel with the "
+                   "same files) instead of the lock's own URLs")  # fmt: skip
     b.add_argument("--quiet", action="store_true", help="no progress lines")
     a = b.add_argument_group("apt", "the deploy's apt packages and their closure (with --kernel)")
     a.add_argument("--kernel", action="append", default=[], metavar="RELEASE",
@@ -128,8 +140,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _build(args: argparse.Namespace) -> int:
     try:
-        specs = specs_of(args.inventory)
-        needs = merge(n for spec in specs for n in needs_for(spec, args.git_base_url))
+        _, specs = fleet_of(args.inventory)
+        needs = merge(n for spec in specs
+                      for n in needs_for(spec, args.git_base_url, args.conda_upstream))  # fmt: skip
     except SpecError as exc:
         print(f"mirror build: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -165,8 +178,12 @@ def _build(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     if plan is None:
         print("  apt: not built (no --kernel given)")
-    print('stack["mirror"] = ' + json.dumps(stack_block(args.base_url, result.apt if result
-                                                        else None), indent=4))  # fmt: skip
+    conda = any(n.kind == "conda" for n in needs)
+    block = stack_block(args.base_url, result.apt if result else None, conda=conda)
+    if conda and block["conda_channel"].startswith("http://"):
+        print("  conda: a plain-http conda_channel needs stack.policy.allow_http_conda_channel: "
+              "True (each file is still checked against the lock's sum)")  # fmt: skip
+    print('stack["mirror"] = ' + json.dumps(block, indent=4))
     return EXIT_OK
 
 
