@@ -26,7 +26,7 @@ import pytest
 
 from p40fleet import condalock, preflight
 from p40fleet.mirror import build, verify
-from p40fleet.mirror.build import MirrorError, conda_needs, needs_for, stack_block
+from p40fleet.mirror.build import MirrorError, Need, conda_needs, merge, needs_for, stack_block
 from p40fleet.mirror.serve import RangeFileHandler
 from p40fleet.spec.load import load_spec
 from p40fleet.spec.pins import StackSpec
@@ -104,6 +104,15 @@ def test_a_lock_conda_would_not_take_stops_the_build_naming_it(tmp_path, monkeyp
     monkeypatch.setattr(preflight, "conda_lock_path", lambda spec: lock)
     with pytest.raises(MirrorError, match="lock.txt: python-3.10.12-h_0.conda has no sum"):
         conda_needs(StackSpec())
+
+
+def test_two_locks_naming_one_file_with_other_md5s_are_refused():
+    """One mirror path, two sums (md5-only lines: no sha256 to tell them apart)."""
+    url = "https://conda.anaconda.org/cf/linux-64/x-1-h_0.conda"
+    a = Need("conda", "linux-64/x-1-h_0.conda", url, md5="a" * 32)
+    with pytest.raises(MirrorError, match="conda linux-64/x-1-h_0.conda: pinned as"):
+        merge([a, Need("conda", a.name, url, md5="b" * 32)])
+    assert merge([a, Need("conda", a.name, url, md5="a" * 32)]) == [a]
 
 
 def test_build_fetches_the_lock_into_the_channel_layout_once(tmp_path, upstream, spec):
