@@ -37,6 +37,18 @@ PYTHON = f"linux-64/python-{PY}-h0_0_cpython.tar.bz2"
 TZDATA = "noarch/tzdata-2024a-p40lab_0.tar.bz2"
 
 
+def _gets(log: Path, under: str = "/") -> list[str]:
+    """The GETs of ``under`` in an access log, once it stops growing: the server logs a
+    request after its response, so a client can be done before its line is written."""
+    seen, stable = None, 0
+    while stable < 3:
+        time.sleep(0.05)
+        now = log.read_text().splitlines() if log.exists() else []
+        stable = stable + 1 if now == seen else 0
+        seen = now
+    return [line for line in seen if f" GET {under}" in line]
+
+
 def _serve(root: Path, log: Path | None = None):
     handler = type("H", (RangeFileHandler,), {"access_log": log})
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(root)))
@@ -52,17 +64,9 @@ def upstream(tmp_path):
     log = tmp_path / "access.log"
     server, base = _serve(root, log)
 
-    def gets() -> list[str]:  # the server logs a request after its response: let it
-        seen, stable = None, 0
-        while stable < 3:
-            time.sleep(0.05)
-            now = log.read_text().splitlines() if log.exists() else []
-            stable = stable + 1 if now == seen else 0
-            seen = now
-        return [line for line in seen if " GET " in line]
-
     channel = f"{base}/conda-forge"
-    yield {"server": server, "channel": channel, "root": root / "conda-forge", "gets": gets,
+    yield {"server": server, "channel": channel, "root": root / "conda-forge",
+           "gets": partial(_gets, log),
            "lock": conda_lock_text(PY, channel)}  # fmt: skip
     server.shutdown()
 
@@ -245,7 +249,7 @@ def test_conda_creates_the_env_from_the_mirror_alone(tmp_path, upstream, spec):
         assert got.returncode == 0, got.stdout + got.stderr
         history = (prefix / "envs/e/conda-meta/history").read_text()
         assert f"+python-{PY}-h0_0_cpython\n" in history and "+tzdata-2024a-p40lab_0\n" in history
-        served = [line for line in log.read_text().splitlines() if " GET /conda/" in line]
+        served = _gets(log, "/conda/")
         assert len(served) == 2, served
         with urllib.request.urlopen(f"{channel}/{TZDATA}") as response:
             assert response.headers["Content-Type"] == "application/x-bzip2"
