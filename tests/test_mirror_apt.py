@@ -463,7 +463,7 @@ def test_the_cli_prints_the_apt_block_to_paste(tmp_path, archive, monkeypatch, c
     from p40fleet.mirror import __main__ as cli
     from p40fleet.spec.load import load_spec
 
-    monkeypatch.setattr(cli, "specs_of", lambda inventory: [])
+    monkeypatch.setattr(cli, "fleet_of", lambda inventory: ([], []))
     mirror = tmp_path / "mirror"
     code = cli.main(["build", str(mirror), "--quiet", "--base-url", "http://10.0.0.5:8111",
                      "--kernel", KERNEL, "--apt-upstream", archive["base"],
@@ -490,7 +490,7 @@ def test_the_cli_refuses_a_missing_keyring_and_an_unchecked_http_upstream(
 ):
     from p40fleet.mirror import __main__ as cli
 
-    monkeypatch.setattr(cli, "specs_of", lambda inventory: [])
+    monkeypatch.setattr(cli, "fleet_of", lambda inventory: ([], []))
     common = ["build", str(tmp_path / "m"), "--quiet", "--kernel", KERNEL,
               "--apt-upstream", archive["base"], "--apt-component", "main"]  # fmt: skip
     assert cli.main([*common, "--upstream-keyring", str(tmp_path / "nope.gpg")]) == 2

@@ -8,6 +8,8 @@ each file checked against its pinned sha256 before it lands in ``DIR``; ``verify
     DIR/artifacts/FILENAME          driver, CUDA, cuDNN, Miniconda, training archives
     DIR/simple/NAME/FILE            PEP 503 index of every locked wheel/sdist (+ index.html)
     DIR/git/NAME.git                bare mirrors holding the pinned commits (dumb HTTP)
+    DIR/conda/SUBDIR/FILE           every package of the conda env's explicit lock, where
+                                    condalock.render puts it (conda_channel: BASE/conda)
     DIR/apt/dists/SUITE, pool/      signed apt repository of the deploy's packages (with
                                     --kernel; p40fleet.mirror.apt), its key p40fleet-mirror.gpg
     DIR/keys/                       the apt repository's signing key (never served)

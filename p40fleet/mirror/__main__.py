@@ -1,9 +1,15 @@
 """``python -m p40fleet.mirror build DIR [--inventory INV] [--index-url URL ...] [--base-url URL]
-[--kernel RELEASE ... [--apt-upstream URL] [--apt-suite S ...] [--apt-component C ...]
-[--upstream-keyring FILE]] | verify DIR | serve DIR --bind ADDR:PORT [--access-log FILE]``.
+[--conda-upstream URL] [--kernel RELEASE ... | --facts FILE] [--apt-upstream URL]
+[--apt-suite S ...] [--apt-component C ...] [--upstream-keyring FILE]] | verify DIR |
+serve DIR --bind ADDR:PORT [--access-log FILE]``.
 
-The apt part runs when at least one ``--kernel`` is given (the releases ``uname -r`` reports on
-the hosts; ``deploy/facts.py`` shows them): the deploy's apt packages, ``linux-headers-`` of each
+The conda part is every file of the conda env's explicit lock (``files/conda-env-<variant>.txt``),
+checked against the lock line's sum, under ``DIR/conda/SUBDIR/FILE``.
+
+The apt part runs when a kernel release is known: ``--kernel`` (the releases ``uname -r`` reports
+on the hosts), and/or ``--facts FILE``: ``pyinfra INVENTORY fact server.KernelVersion --json >
+FILE``, each inventory host's release (with ``--inventory``, a host the file lacks is named:
+its headers are not fetched). It mirrors the deploy's apt packages, ``linux-headers-`` of each
 kernel, and their dependencies, republished as a signed repository under ``DIR/apt``.
 
 Exit codes as the verify CLI's: 0 done / every file matches, 1 something could not be fetched
@@ -32,13 +38,23 @@ from p40fleet.spec.pins import PYPI_SIMPLE, StackSpec
 REPO = Path(__file__).resolve().parents[2]
 
 
+#: The fact whose ``pyinfra INVENTORY fact NAME --json`` output ``--facts`` reads (``uname -r``,
+#: the release deploy/facts.py's "kernel" column shows).
+KERNEL_FACT = "server.KernelVersion"
+
+
 def specs_of(inventory: str | None) -> list[StackSpec]:
     """The validated spec of every inventory host (one spec per distinct set of settings);
     without an inventory, ``inventories/group_data/all.py``'s ``stack``."""
+    return fleet_of(inventory)[1]
+
+
+def fleet_of(inventory: str | None) -> tuple[list[str], list[StackSpec]]:
+    """The inventory's host names (none without an inventory) and :func:`specs_of`'s specs."""
     if inventory is None:
         group = REPO / "inventories/group_data/all.py"
         stack = runpy.run_path(str(group)).get("stack", {}) if group.is_file() else {}
-        return [load_spec("group_data/all.py", stack)]
+        return [], [load_spec("group_data/all.py", stack)]
     from pyinfra.api import Config, State
     from pyinfra.context import ctx_config, ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -60,7 +76,34 @@ def specs_of(inventory: str | None) -> list[StackSpec]:
     for spec in specs:
         if spec not in unique:
             unique.append(spec)
-    return unique
+    return [host.name for host in hosts], unique
+
+
+def kernels_from_facts(path: Path) -> dict[str, str]:
+    """``{host: release}`` from ``pyinfra INVENTORY fact server.KernelVersion --json`` output
+    (``{"server.KernelVersion": {HOST: RELEASE, ...}}``; a host that did not answer is null
+    there and left out here). Raises SpecError naming the file and the command that makes it."""
+    make = f"make it with: pyinfra INVENTORY fact {KERNEL_FACT} --json > {path}"
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise SpecError("controller", "--facts", str(path),
+                        f"cannot read it ({exc.strerror})") from None  # fmt: skip
+    except ValueError as exc:
+        raise SpecError("controller", "--facts", str(path),
+                        f"not JSON ({exc}); {make}") from None  # fmt: skip
+    facts = data.get(KERNEL_FACT) if isinstance(data, dict) else None
+    if not isinstance(facts, dict):
+        raise SpecError("controller", "--facts", str(path), f"no {KERNEL_FACT!r} facts; {make}")
+    out = {}
+    for name, release in facts.items():
+        if release is None:
+            continue
+        if not isinstance(release, str) or not release.strip() or "/" in release:
+            what = f"host {name}: {release!r} is not a kernel release; {make}"
+            raise SpecError("controller", "--facts", str(path), what)
+        out[str(name)] = release.strip()
+    return out
 
 
 def _address(value: str) -> tuple[str, int]:
@@ -83,11 +126,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="clone the git pins from URL/NAME.git instead of their remote")  # fmt: skip
     b.add_argument("--base-url", default="http://MIRROR:8111",
                    help="where the mirror will be served (for the stack block)")  # fmt: skip
+    b.add_argument("--conda-upstream", metavar="URL",
+                   help="fetch the conda lock's files from URL/SUBDIR/FILE (a channel with the "
+                   "same files) instead of the lock's own URLs")  # fmt: skip
     b.add_argument("--quiet", action="store_true", help="no progress lines")
-    a = b.add_argument_group("apt", "the deploy's apt packages and their closure (with --kernel)")
+    a = b.add_argument_group(
+        "apt", "the deploy's apt packages and their closure (with --kernel or --facts)"
+    )
     a.add_argument("--kernel", action="append", default=[], metavar="RELEASE",
                    help="a kernel release of the hosts (uname -r, e.g. 5.4.0-150-generic): "
-                   "mirror linux-headers-RELEASE (repeat; none: no apt part)")  # fmt: skip
+                   "mirror linux-headers-RELEASE (repeat; neither this nor --facts: no apt "
+                   "part)")  # fmt: skip
+    a.add_argument("--facts", type=Path, metavar="FILE",
+                   help=f"the hosts' kernel releases: pyinfra INVENTORY fact {KERNEL_FACT} "
+                   "--json > FILE (with --inventory: its hosts' releases; combined with "
+                   "--kernel)")  # fmt: skip
     a.add_argument(
         "--apt-upstream",
         default=apt_repo.UBUNTU_ARCHIVE,
@@ -128,8 +181,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _build(args: argparse.Namespace) -> int:
     try:
-        specs = specs_of(args.inventory)
-        needs = merge(n for spec in specs for n in needs_for(spec, args.git_base_url))
+        hosts, specs = fleet_of(args.inventory)
+        needs = merge(n for spec in specs
+                      for n in needs_for(spec, args.git_base_url, args.conda_upstream))  # fmt: skip
+        kernels, unknown = _kernels(args, hosts)
     except SpecError as exc:
         print(f"mirror build: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -138,7 +193,7 @@ def _build(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     indexes = args.indexes or list(dict.fromkeys([PYPI_SIMPLE, *(str(s.torch.index_url)
                                                                  for s in specs)]))  # fmt: skip
-    plan = _apt_plan(args)
+    plan = _apt_plan(args, sorted(kernels))
     if plan is not None and plan.upstream.keyring and not plan.upstream.keyring.is_file():
         print(f"mirror build: --upstream-keyring {plan.upstream.keyring}: no such file",
               file=sys.stderr)  # fmt: skip
@@ -163,15 +218,48 @@ def _build(args: argparse.Namespace) -> int:
         print("mirror build: incomplete; fix the above and run it again (what it got is kept)",
               file=sys.stderr)  # fmt: skip
         return EXIT_FAIL
-    if plan is None:
-        print("  apt: not built (no --kernel given)")
-    print('stack["mirror"] = ' + json.dumps(stack_block(args.base_url, result.apt if result
-                                                        else None), indent=4))  # fmt: skip
+    for release, origins in sorted(kernels.items()):
+        print(f"  apt: linux-headers-{release} ({', '.join(origins)})")
+    if unknown:
+        how = (f"add --kernel RELEASE (uname -r on the host), or --facts FILE from: pyinfra "
+               f"{args.inventory or 'INVENTORY'} fact {KERNEL_FACT} --json > FILE")  # fmt: skip
+        if plan is None:
+            print(f"  apt: not built: no kernel release known for {unknown}, so their "
+                  "linux-headers-RELEASE are not fetched (nor the deploy's apt packages): "
+                  f"{how}")  # fmt: skip
+        else:
+            print(f"  apt: no kernel release for {unknown}: their linux-headers are not "
+                  f"fetched: {how}")  # fmt: skip
+    conda = any(n.kind == "conda" for n in needs)
+    block = stack_block(args.base_url, result.apt if result else None, conda=conda)
+    if conda and block["conda_channel"].startswith("http://"):
+        print("  conda: a plain-http conda_channel needs stack.policy.allow_http_conda_channel: "
+              "True (each file is still checked against the lock's sum)")  # fmt: skip
+    print('stack["mirror"] = ' + json.dumps(block, indent=4))
     return EXIT_OK
 
 
-def _apt_plan(args: argparse.Namespace) -> AptPlan | None:
-    if not args.kernel:
+def _kernels(args: argparse.Namespace, hosts: list[str]) -> tuple[dict[str, list[str]], str]:
+    """The kernel releases to mirror headers for, each with where it came from (``--kernel``,
+    the hosts of ``--facts`` that report it), and the hosts whose release is not known, in
+    words ("" when none): every inventory host the ``--facts`` file lacks; with no release at
+    all, the inventory's hosts (or "the fleet's hosts" without an inventory)."""
+    kernels: dict[str, list[str]] = {release: ["--kernel"] for release in args.kernel}
+    reported = kernels_from_facts(args.facts) if args.facts is not None else {}
+    if hosts:  # the inventory's hosts only; another inventory's hosts in the file are not ours
+        missing = [name for name in hosts if name not in reported]
+        reported = {name: release for name, release in reported.items() if name in hosts}
+    else:
+        missing = []
+    for name, release in sorted(reported.items()):
+        kernels.setdefault(release, []).append(name)
+    if missing and (args.facts is not None or not kernels):
+        return kernels, ("host " if len(missing) == 1 else "hosts ") + ", ".join(missing)
+    return kernels, "" if kernels else "the fleet's hosts"
+
+
+def _apt_plan(args: argparse.Namespace, kernels: list[str]) -> AptPlan | None:
+    if not kernels:
         return None
     keyring = args.upstream_keyring
     if (keyring is None and args.apt_upstream.rstrip("/") == apt_repo.UBUNTU_ARCHIVE
@@ -184,7 +272,7 @@ def _apt_plan(args: argparse.Namespace) -> AptPlan | None:
         keyring=keyring,
         allow_unverified=args.allow_unverified_upstream,
     )
-    return AptPlan(tuple(apt_repo.deploy_packages(args.kernel)), upstream, args.apt_refresh,
+    return AptPlan(tuple(apt_repo.deploy_packages(kernels)), upstream, args.apt_refresh,
                    args.base_url)  # fmt: skip
 
 

@@ -3,9 +3,10 @@
 :func:`needs_for` reads one validated spec: its four artifacts and training archives (by their
 pinned sha256), every line of the hash-locked files the deploy installs (the torch lock as the
 torch step renders it, the verl requirements lock: by each line's ``--hash``), and the git pins
-(verl, Apex: by commit). :func:`build` fetches what the mirror lacks; a second build fetches
-nothing. The wheel set is the hosts' (the locks name the exact files the hosts install), never
-the controller's.
+(verl, Apex: by commit), and every package of the conda env's explicit lock
+(``files/conda-env-<variant>.txt``: by each line's sha256, or its md5 where that is all the line
+has). :func:`build` fetches what the mirror lacks; a second build fetches nothing. The wheel set
+is the hosts' (the locks name the exact files the hosts install), never the controller's.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from p40fleet import hashlock, preflight
+from p40fleet import condalock, hashlock, preflight
 from p40fleet.mirror import apt as apt_repo
 from p40fleet.mirror.debian import AptError, Index
-from p40fleet.mirror.fetch import FetchError, fetch, sha256_of
+from p40fleet.mirror.fetch import FetchError, digest_of, fetch, sha256_of
 from p40fleet.mirror.index import IndexFile, project_files
 from p40fleet.mirror.manifest import Entry, Manifest, has_commit
 from p40fleet.spec.pins import ARTIFACTS, GIT_PINS, PYPI_SIMPLE, StackSpec
@@ -38,24 +39,32 @@ class MirrorError(RuntimeError):
 
 @dataclass(frozen=True)
 class Need:
-    """One thing the fleet fetches: an artifact, a locked wheel/sdist, or a git pin."""
+    """One thing the fleet fetches: an artifact, a locked wheel/sdist, a git pin, or a package
+    of the conda lock."""
 
-    kind: str  # artifact | wheel | git
-    name: str  # artifact: file name; wheel: canonical name==version; git: repo name
-    url: str | None = None  # artifact, git: upstream; wheel: found on the indexes
-    hashes: tuple[str, ...] = ()  # artifact: (sha256,); wheel: the lock line's sums
+    kind: str  # artifact | wheel | git | conda
+    # artifact: file name; wheel: canonical name==version; git: repo name; conda: SUBDIR/FILE
+    name: str
+    url: str | None = None  # artifact, git, conda: upstream; wheel: found on the indexes
+    # artifact: (sha256,); wheel: the lock line's sums; conda: (sha256,), or () with md5
+    hashes: tuple[str, ...] = ()
     size: int | None = None
     commit: str | None = None
+    md5: str | None = None  # conda: the lock line's md5, when it has no sha256
 
     @property
     def project(self) -> str:
         return self.name.split("==", 1)[0]
 
 
-def needs_for(spec: StackSpec, git_base_url: str | None = None) -> list[Need]:
+def needs_for(
+    spec: StackSpec, git_base_url: str | None = None, conda_upstream: str | None = None
+) -> list[Need]:
     """Everything ``spec``'s hosts fetch: raises MirrorError when a lock cannot serve it.
     ``git_base_url``: clone the git pins from ``URL/NAME.git`` (a forge of yours, or the lab's
-    stand-in for GitHub), not from their ``remote``."""
+    stand-in for GitHub), not from their ``remote``. ``conda_upstream``: fetch the conda lock's
+    files from ``URL/SUBDIR/FILE`` (a channel holding the same files), not from the lock's own
+    channel."""
     needs = []
     for name in ARTIFACTS:
         artifact = getattr(spec, name)
@@ -82,6 +91,29 @@ def needs_for(spec: StackSpec, git_base_url: str | None = None) -> list[Need]:
         pin = getattr(spec, name)
         remote = f"{git_base_url.rstrip('/')}/{name}.git" if git_base_url else str(pin.remote)
         needs.append(Need("git", name, remote, commit=pin.commit))
+    return needs + conda_needs(spec, conda_upstream)
+
+
+def conda_needs(spec: StackSpec, upstream: str | None = None) -> list[Need]:
+    """The files of ``spec``'s conda lock, as the lock names them (its raw URLs: a
+    ``stack.mirror.conda_channel`` only moves what the hosts are told, not where the mirror
+    fetches from); raises MirrorError naming what stops ``conda create --file`` from it."""
+    lock = preflight.conda_lock_path(spec)
+    try:
+        text = lock.read_text()
+    except OSError as exc:
+        raise MirrorError(f"{lock}: cannot read it ({exc.strerror})") from None
+    problems = condalock.problems(text, spec.python_version)
+    if problems:
+        raise MirrorError(f"{lock}: " + "; ".join(problems))
+    needs = []
+    for package in condalock.parse(text):
+        url = package.url
+        if upstream:
+            url = f"{upstream.rstrip('/')}/{package.subdir}/{package.filename}"
+        hashes = (package.sha256,) if package.sha256 else ()
+        needs.append(Need("conda", f"{package.subdir}/{package.filename}", url, hashes,
+                          md5=None if package.sha256 else package.md5))  # fmt: skip
     return needs
 
 
@@ -92,7 +124,11 @@ def merge(needs: Iterable[Need]) -> list[Need]:
     for need in needs:
         key = (need.kind, need.name)
         other = seen.setdefault(key, need)
-        if other != need and (other.hashes, other.commit) != (need.hashes, need.commit):
+        if other != need and (other.hashes, other.commit, other.md5) != (
+            need.hashes,
+            need.commit,
+            need.md5,
+        ):
             clashes.append(f"{need.kind} {need.name}: pinned as {other.hashes or other.commit} "
                            f"and as {need.hashes or need.commit}")  # fmt: skip
     if clashes:
@@ -161,6 +197,8 @@ def build(
                 _wheel(mirror, need, result, indexes, pages, progress)
             elif need.kind == "git":
                 _git(mirror, need, result)
+            elif need.kind == "conda":
+                _conda(mirror, need, result, progress)
             else:
                 raise MirrorError(f"unknown kind {need.kind!r}")
         except (FetchError, MirrorError) as exc:
@@ -224,6 +262,33 @@ def _wheel(
         f"no index serves a file with the lock's sha256 ({', '.join(need.hashes)}); tried "
         f"{', '.join(tried)} — fix: add the index that has it (--index-url), or regenerate the lock"
     )
+
+
+def _lock_sum_matches(target: Path, need: Need) -> bool:
+    """``target`` has the sum the conda lock line gives (its sha256, else its md5)."""
+    if need.hashes:
+        return sha256_of(target) == need.hashes[0]
+    return need.md5 is not None and digest_of(target, "md5") == need.md5
+
+
+def _conda(mirror: Path, need: Need, result: BuildResult, progress: bool) -> None:
+    """One package of the conda lock into ``DIR/conda/SUBDIR/FILE``: the path
+    ``condalock.render`` moves the lock's URL to when ``conda_channel`` is ``BASE/conda``."""
+    path = f"conda/{need.name}"
+    target = mirror / path
+    entry = result.manifest.entries.get(path)
+    if (entry is not None and target.is_file() and target.stat().st_size == entry.size
+            and sha256_of(target) == entry.sha256 and _lock_sum_matches(target, need)):  # fmt: skip
+        return
+    if target.is_file() and _lock_sum_matches(target, need):
+        pass  # put there by hand (or an older build): checked, recorded
+    else:
+        _log(f"fetching {need.url}")
+        moved = fetch(need.url or "", target, need.hashes[0] if need.hashes else None,
+                      md5=need.md5, progress=progress)  # fmt: skip
+        result.count("conda", moved)
+    result.manifest.add(Entry("conda", need.name.rsplit("/", 1)[-1], path, need.url or "",
+                              sha256_of(target), target.stat().st_size))  # fmt: skip
 
 
 def _git(mirror: Path, need: Need, result: BuildResult) -> None:
@@ -315,15 +380,18 @@ def _write_index(mirror: Path, manifest: Manifest) -> None:
     )
 
 
-def stack_block(base_url: str, apt: dict | None = None) -> dict:
+def stack_block(base_url: str, apt: dict | None = None, conda: bool = False) -> dict:
     """The ``stack["mirror"]`` settings that point a fleet at this mirror served at base_url
-    (``apt``: the signed apt repository's, from the build)."""
+    (``apt``: the signed apt repository's, from the build; ``conda``: the mirror holds the
+    conda lock's files, under ``conda/``)."""
     base = base_url.rstrip("/")
     block: dict = {
         "artifacts_url": f"{base}/artifacts",
         "pip_index_url": f"{base}/simple",
         "git_base_url": f"{base}/git",
     }
+    if conda:
+        block["conda_channel"] = f"{base}/conda"
     if apt is not None:
         block["apt"] = apt
     return block

@@ -22,7 +22,13 @@ class FetchError(RuntimeError):
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+    return digest_of(path, "sha256")
+
+
+def digest_of(path: Path, algorithm: str) -> str:
+    """The hex digest of the file at ``path`` (``sha256``, or ``md5`` for a conda lock line
+    that has only its md5)."""
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(CHUNK), b""):
             digest.update(chunk)
@@ -46,15 +52,20 @@ def _progress_printer(name: str) -> Callable[[int, int | None], None]:
 def fetch(
     url: str,
     dest: Path,
-    sha256: str,
+    sha256: str | None,
     *,
+    md5: str | None = None,
     size: int | None = None,
     timeout: float = 60.0,
     progress: bool = True,
 ) -> int:
     """Download ``url`` to ``dest`` (via ``dest.part``, resumed with a Range request when the
     server honours it, fetched whole again when it does not) and move it into place only when
-    its sha256 is ``sha256``. Returns the bytes transferred; raises :class:`FetchError`."""
+    its sha256 is ``sha256`` (and its md5 ``md5``, when given: a conda lock line may have only
+    that; one of the two is required). Returns the bytes transferred; raises
+    :class:`FetchError`."""
+    if not (sha256 or md5):
+        raise FetchError(f"{url}: no sum to check it against: not fetched")
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     show = _progress_printer(dest.name) if progress else (lambda done, total: None)
@@ -67,13 +78,14 @@ def fetch(
         moved = part.stat().st_size
     else:
         moved = _http(url, part, size, timeout, show)
-    got = sha256_of(part)
-    if got != sha256:
-        part.unlink(missing_ok=True)
-        raise FetchError(
-            f"{url}: sha256 {got} is not the pinned {sha256}: not kept (the upstream file "
-            "changed, or the pin is wrong: check the pin against the publisher's sum)"
-        )
+    for algorithm, want in (("sha256", sha256), ("md5", md5)):
+        got = digest_of(part, algorithm) if want else None
+        if got is not None and got != want:
+            part.unlink(missing_ok=True)
+            raise FetchError(
+                f"{url}: {algorithm} {got} is not the pinned {want}: not kept (the upstream "
+                "file changed, or the pin is wrong: check the pin against the publisher's sum)"
+            )
     os.replace(part, dest)
     return moved
 

@@ -19,9 +19,10 @@ FORMAT = 1
 class Entry:
     """One file (or, ``kind == "git"``, one bare repository and its pinned commit)."""
 
-    kind: str  # artifact | wheel | git | apt
-    # the file name; name==version for a wheel; the repo name for git; package=version for a
-    # .deb, the path under apt/ for the repository's own index files (url "": made here)
+    kind: str  # artifact | wheel | git | apt | conda
+    # the file name (an artifact's, a conda package's); name==version for a wheel; the repo
+    # name for git; package=version for a .deb, the path under apt/ for the repository's own
+    # index files (url "": made here)
     name: str
     path: str  # relative to the mirror dir
     url: str  # where it was fetched from
