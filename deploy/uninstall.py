@@ -22,7 +22,8 @@ from pyinfra import host, state
 from facts.survey import install as keep_facts
 from operations import uninstall
 from operations.run.spec import validated_spec
-from p40fleet import deploy_frames, footprint, ssh_poll, sshguard
+from p40fleet import footprint
+from p40fleet.runtime import deploy_frames, ssh_poll, sshguard
 
 sshguard.install()
 keep_facts(state)

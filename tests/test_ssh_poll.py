@@ -1,4 +1,4 @@
-"""p40fleet.ssh_poll: an idle paramiko transport wakes once a second instead of ten times."""
+"""p40fleet.runtime.ssh_poll: an idle paramiko transport wakes once a second, not ten times."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 import paramiko
 import pytest
 
-from p40fleet import ssh_poll
+from p40fleet.runtime import ssh_poll
 
 
 @pytest.fixture

@@ -9,10 +9,14 @@ verify probe keeps 8 hosts waiting half a minute, and on any fleet during a driv
 build that runs for minutes. A 1 s timeout keeps every one of those checks, a second later at
 most.
 
+Adapts paramiko's transport (its socket timeout, ``Transport._active_check_timeout`` = 0.1 s).
 Public API only: ``host.connector.client`` (pyinfra's SSH connector), paramiko's
 ``SSHClient.get_transport()`` and ``Transport.sock``. Called by ``deploy/preflight.py`` for
 each host it prepares, never on import; a connector without a paramiko client (``@local``,
 a test's stand-in) is left alone.
+
+Checked against pyinfra 3.10.0 and paramiko 4.0.0 (``transport.py``, ``packet.py``: the socket
+timeout is used only for those idle checks).
 """
 
 from __future__ import annotations
