@@ -6,8 +6,8 @@ import, and through pyinfra's public hooks where one exists:
 
 - :mod:`~p40fleet.runtime.sshguard`: ``SSHConnector``'s connect, command and file methods
   wrapped in place (host-key refusal, paramiko's ``EOFError`` made per-host). No hook exists.
-- :mod:`~p40fleet.runtime.ssh_poll`: the paramiko transport's idle wake-up (its socket
-  timeout).
+- :mod:`~p40fleet.runtime.ssh_poll`: the paramiko transport's idle wake-up, set on every
+  connect by a ``BaseStateCallback.host_connect`` (so it holds after ``server.reboot``).
 - :mod:`~p40fleet.runtime.deploy_frames`: ``sys.modules`` entries for the exec'd deploy files,
   so ``inspect.getmodule`` answers pyinfra's stack walk from its cache.
 - :mod:`~p40fleet.runtime.inventory`: the inventory read as pyinfra's CLI reads it
