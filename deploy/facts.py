@@ -18,7 +18,8 @@ from facts.gpu import PciGpus
 from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
 from facts.nouveau import NouveauLoaded
 from facts.survey import ask, install, part, survey
-from p40fleet import report, sshguard
+from p40fleet import report
+from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 
 _ROWS_ATTR = "p40fleet_fact_rows"

@@ -8,10 +8,11 @@ verl requirements lock, too little space, artifacts missing from the mirror:
 a refused host fails here with the step, the cause and the fix; the others go on.
 
 First, for the whole run (idempotent, so every deploy can include this file): the guard for
-lost connections (``p40fleet.sshguard``), the fact memo (``facts.survey``), the deploy files'
-module entries that keep pyinfra's per-operation stack walk cheap (``p40fleet.deploy_frames``),
-an SSH transport that wakes once a second while it waits (``p40fleet.ssh_poll``) and one
-survey per host answering the facts of every layer (``operations.survey``).
+lost connections (``p40fleet.runtime.sshguard``), the fact memo (``facts.survey``), the deploy
+files' module entries that keep pyinfra's per-operation stack walk cheap
+(``p40fleet.runtime.deploy_frames``), an SSH transport that wakes once a second while it waits,
+after a reboot's reconnect too (``p40fleet.runtime.ssh_poll``), and one survey per host
+answering the facts of every layer (``operations.survey``).
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ from operations.artifacts import artifact_path
 from operations.refuse import refuse_host
 from operations.run.spec import validated_spec
 from operations.survey import survey_host
-from p40fleet import deploy_frames, preflight, ssh_poll, sshguard
+from p40fleet import preflight
 from p40fleet.proxy import UNCHECKED, shell_prefix
+from p40fleet.runtime import deploy_frames, ssh_poll, sshguard
 from p40fleet.spec import ARTIFACTS, SpecError, cuda_release_of, spec_for_host
 
 sshguard.install()
 keep_facts(state)
 deploy_frames.install(Path(__file__).parent)
-ssh_poll.slow_idle_wakes(host)
+ssh_poll.install(state, host)  # now, and again on every reconnect (server.reboot)
 try:
     # No survey (the first root command) to a host whose key is not checked (security S17):
     # validated_spec refuses it just below, before any command.

@@ -22,12 +22,13 @@ from pyinfra import host, state
 from facts.survey import install as keep_facts
 from operations import uninstall
 from operations.run.spec import validated_spec
-from p40fleet import deploy_frames, footprint, ssh_poll, sshguard
+from p40fleet import footprint
+from p40fleet.runtime import deploy_frames, ssh_poll, sshguard
 
 sshguard.install()
 keep_facts(state)
 deploy_frames.install(Path(__file__).parent)
-ssh_poll.slow_idle_wakes(host)
+ssh_poll.install(state, host)  # now, and again on every reconnect
 spec = validated_spec()  # takes this run's lock on the host, released after the last step
 
 if spec is not None:

@@ -35,8 +35,9 @@ from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import launch, ray_cluster, training, verification
 from operations.refuse import refuse
-from p40fleet import preflight, report, sshguard
+from p40fleet import preflight, report
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
+from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import collective, smoke
 from p40fleet.verification.check import FAIL, Check, simulated_in_inventory, spec_failure

@@ -27,7 +27,6 @@ import socket
 
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
 from pyinfra.api.state import BaseStateCallback
 
 from facts.run_lock import RunLock
@@ -35,6 +34,7 @@ from facts.survey import Part, ask, part
 from operations.refuse import record_refusals, refusal_message, say_when_dry
 from p40fleet import controller, run_lock
 from p40fleet.run_lock import DEFAULT_PATH, Holder
+from p40fleet.runtime.connector_args import connector_arguments
 from p40fleet.spec import StackSpec
 
 __all__ = [
@@ -100,10 +100,6 @@ def _refusal(path: str, reason: str) -> FunctionCommand:
     return FunctionCommand(_fail, (), {})
 
 
-def _connector_arguments(arguments) -> dict:
-    return {k: arguments[k] for k in CONNECTOR_ARGUMENT_KEYS if arguments and k in arguments}
-
-
 @operation(is_idempotent=False)
 def take(path: str = DEFAULT_PATH):
     """
@@ -126,7 +122,7 @@ def take(path: str = DEFAULT_PATH):
         return  # taken by this run already (pyinfra may run this body twice at execution)
     command = StringCommand(run_lock.acquire_command(path, me, decision.stale_text))
     ok, output = host.run_shell_command(
-        command, **_connector_arguments(host.current_op_global_arguments)
+        command, **connector_arguments(host.current_op_global_arguments)
     )
     if ok:
         _set(_LOCKED_ATTR).add(host.name)
@@ -209,7 +205,7 @@ class _Release(BaseStateCallback):
         try:
             host.run_shell_command(
                 StringCommand(run_lock.release_command(path, me)),
-                **_connector_arguments(arguments),
+                **connector_arguments(arguments),
             )
         except Exception as exc:  # noqa: BLE001 - an unreachable host keeps its (now stale) lock
             logger.warning(f"{host.print_prefix}run lock not released: {exc}")

@@ -16,7 +16,6 @@ from typing import Any
 import gevent
 from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.state import BaseStateCallback
 
 from facts.conda import env_dir, env_python
@@ -25,7 +24,9 @@ from facts.survey import ask
 from facts.verify import VerifyProbe
 from operations import artifacts, cudnn, launch, run_lock, training
 from operations.refuse import host_refusals
-from p40fleet import apex_build, report, sshguard
+from p40fleet import apex_build, report
+from p40fleet.runtime import sshguard
+from p40fleet.runtime.connector_args import host_connector_arguments
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.training import TrainingTarget
 from p40fleet.verification import TABLE_ENV
@@ -154,8 +155,7 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
     plan = None
     release = run_lock.release_for(target)
     # as the facts run: with the host's connector arguments (_sudo, _sudo_password...)
-    arguments, _ = pop_global_arguments(target.state, target, {})
-    connect = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+    connect = host_connector_arguments(target)
     try:
         # the plan as the launch script has it now (the model config staged by this run)
         plan = training.training_target(spec, target)

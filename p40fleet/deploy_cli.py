@@ -147,21 +147,14 @@ def check_inventory(inventory: str) -> int:
         )
     problems = _repeated_names(_groups(path))
     # pyinfra's own reading (group_data included): the hosts and the data they will run with
-    from pyinfra.api import Config, State
-    from pyinfra.context import ctx_config, ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from p40fleet.runtime.inventory import load_inventory
 
-    cwd = os.getcwd()
     try:
-        os.chdir(REPO)
-        with ctx_config.use(Config()), ctx_state.use(State()):  # as pyinfra's CLI sets them
-            hosts = list(make_inventory(str(path.resolve()), cwd=str(REPO)))
+        hosts = list(load_inventory(str(path.resolve()), REPO))
     except Exception as exc:  # noqa: BLE001 - reported, exit 2
         raise InventoryError(
             f"inventory {path} failed to load: {type(exc).__name__}: {exc}"
         ) from None
-    finally:
-        os.chdir(cwd)
     if not hosts:
         raise InventoryError(f"inventory {inventory} has 0 hosts: nothing would be deployed")
     problems += _addresses(hosts)

@@ -1,6 +1,7 @@
-"""The words of a host-key refusal, shared by the guard that refuses (``p40fleet.sshguard``),
-the deploys that say it (``operations.run.spec``, ``deploy/verify.py``) and the report that
-records it (``p40fleet.report``): pure constants, so the report needs no pyinfra adapter."""
+"""The words of a host-key refusal, shared by the guard that refuses
+(``p40fleet.runtime.sshguard``), the deploys that say it (``operations.run.spec``,
+``deploy/verify.py``) and the report that records it (``p40fleet.report``): pure constants, so
+the report needs no pyinfra adapter."""
 
 from __future__ import annotations
 

@@ -79,20 +79,13 @@ def normalize_fingerprint(text: str) -> str:
 def resolve(inventory: str, host: str) -> Target:
     """HOST's address, port and known_hosts file from the inventory (pyinfra's own loader, run
     from the repository root as the CLIs run it); the known_hosts path is absolute."""
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from p40fleet.runtime.inventory import load_inventory
 
     source = os.path.abspath(inventory) if os.path.isfile(inventory) else inventory
-    cwd = os.getcwd()
     try:
-        os.chdir(REPO)
-        with ctx_state.use(State()):  # an inventory file may read pyinfra's context
-            inv = make_inventory(source, cwd=str(REPO))
+        inv = load_inventory(source, REPO)
     except Exception as exc:  # noqa: BLE001 - an inventory can fail in any way: name it
         raise RekeyError(f"inventory {inventory}: cannot load it: {exc}") from exc
-    finally:
-        os.chdir(cwd)
     found = inv.get_host(host, None)
     if found is None:
         names = ", ".join(h.name for h in inv) or "none"

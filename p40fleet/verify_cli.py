@@ -174,8 +174,8 @@ def pyinfra_command(
 ) -> list[str]:
     """The pyinfra command line the CLI runs (``smoke``: host data ``verify_smoke=yes``;
     ``collective``: ``verify_collective=yes``)."""
-    # config.py installs p40fleet.sshguard before pyinfra connects: a host whose key would
-    # not be checked gets no connection at all (security S17).
+    # config.py installs p40fleet.runtime.sshguard before pyinfra connects: a host whose key
+    # would not be checked gets no connection at all (security S17).
     command = [sys.executable, "-m", "pyinfra", "-y", "--config", str(REPO / "config.py")]
     command += [inventory, str(DEPLOY)]
     if smoke:

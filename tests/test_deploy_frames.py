@@ -1,4 +1,4 @@
-"""p40fleet.deploy_frames: a frame of an exec'd deploy file resolves from inspect's cache."""
+"""p40fleet.runtime.deploy_frames: an exec'd deploy file's frame resolves from inspect's cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from p40fleet import deploy_frames
+from p40fleet.runtime import deploy_frames
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,7 +27,7 @@ def test_a_deploy_file_frame_resolves_to_its_entry_only_after_install(tmp_path, 
     for name in ("one.py", "two.py"):
         (deploy / name).write_text(_BODY)
     (deploy / "notes.txt").write_text("not a deploy file")
-    monkeypatch.setattr(deploy_frames, "PREFIX", f"p40fleet.deploy_frames.t{id(tmp_path)}.")
+    monkeypatch.setattr(deploy_frames, "PREFIX", f"p40fleet.runtime.deploy_frames.t{id(tmp_path)}.")
     frame = _frame_of_exec(deploy / "one.py")
     assert inspect.getmodule(frame) is None  # what makes inspect scan sys.modules every time
 
@@ -48,7 +48,7 @@ def test_the_repo_deploy_files_each_get_an_entry_and_importing_adds_none():
     script = """
 import sys
 from pathlib import Path
-from p40fleet import deploy_frames
+from p40fleet.runtime import deploy_frames
 import operations, facts.survey
 assert not [n for n in sys.modules if n.startswith(deploy_frames.PREFIX)], "added on import"
 added = deploy_frames.install(Path("deploy"))

@@ -217,5 +217,5 @@ def test_circles_are_the_strongly_connected_components():
         ["c", "d"],
     ]
     assert circles({"a": {"b"}, "b": set()}) == []
-    # the real graph sees a real function-level import (p40fleet/sshguard.py reports there)
-    assert import_graph()["p40fleet.sshguard"] >= {"p40fleet.report"}
+    # the real graph sees a real function-level import (p40fleet/runtime/sshguard.py reports there)
+    assert import_graph()["p40fleet.runtime.sshguard"] >= {"p40fleet.report"}

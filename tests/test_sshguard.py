@@ -1,4 +1,4 @@
-"""p40fleet.sshguard: a lost connection (paramiko's EOFError) becomes pyinfra's per-host
+"""p40fleet.runtime.sshguard: a lost connection (paramiko's EOFError) becomes pyinfra's per-host
 SSHException; a host whose key is not checked gets no connection, command or file (S17)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from paramiko import SSHException
 from pyinfra.api.exceptions import ConnectError
 from pyinfra.connectors.ssh import SSHConnector
 
-from p40fleet import sshguard
+from p40fleet.runtime import sshguard
 from p40fleet.spec import clear_spec_cache
 from tests.opharness import make_host
 

@@ -21,9 +21,9 @@ from pyinfra.api.exceptions import PyinfraError
 
 from operations import run_lock
 from operations.refuse import refuse_host, refused_hosts
-from p40fleet import sshguard
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.run_mode import NO_WAIT_REMEDY, NO_WAIT_STEP, no_wait_refusal
+from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
 from p40fleet.verification.check import spec_failure
 

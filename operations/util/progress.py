@@ -17,7 +17,8 @@ from __future__ import annotations
 import time
 
 from pyinfra.api import FunctionCommand, StringCommand
-from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS
+
+from p40fleet.runtime.connector_args import connector_arguments
 
 __all__ = ["Stopwatch", "format_seconds", "streamed"]
 
@@ -36,8 +37,7 @@ def _connector_arguments(host) -> dict:
     A callback does not receive them from pyinfra, so they are read from the operation being
     executed: without them a download under ``_sudo`` would run unprivileged.
     """
-    args = host.current_op_global_arguments or {}
-    return {key: args[key] for key in CONNECTOR_ARGUMENT_KEYS if key in args}
+    return connector_arguments(host.current_op_global_arguments)
 
 
 def _stream(state, host, command: StringCommand, what: str) -> bool:

@@ -14,11 +14,11 @@ import hashlib
 from typing import Any
 
 from pyinfra import host, state
-from pyinfra.api.util import get_template
 from pyinfra.facts.files import Directory, File, Sha1File
 
 from facts.home import UserFile
 from facts.survey import ask
+from p40fleet.runtime.templates import get_template
 
 __all__ = ["rendered", "same_dir", "same_file", "same_user_file"]
 

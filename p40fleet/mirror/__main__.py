@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import runpy
 import sys
 import time
@@ -55,23 +54,15 @@ def fleet_of(inventory: str | None) -> tuple[list[str], list[StackSpec]]:
         group = REPO / "inventories/group_data/all.py"
         stack = runpy.run_path(str(group)).get("stack", {}) if group.is_file() else {}
         return [], [load_spec("group_data/all.py", stack)]
-    from pyinfra.api import Config, State
-    from pyinfra.context import ctx_config, ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
+    from p40fleet.runtime.inventory import load_inventory
     from p40fleet.spec.load import spec_for_host
 
     path = Path(inventory).resolve()
     if not path.is_file():
         raise SpecError("controller", "--inventory", inventory, "expected an inventory file")
-    cwd = os.getcwd()
-    try:
-        os.chdir(REPO)  # as the CLIs run pyinfra: group_data and relative paths from the repo
-        with ctx_config.use(Config()), ctx_state.use(State()):
-            hosts = list(make_inventory(str(path), cwd=str(REPO)))
-            specs = [spec_for_host(host) for host in hosts]
-    finally:
-        os.chdir(cwd)
+    # as the CLIs run pyinfra: group_data and relative paths from the repo
+    hosts = list(load_inventory(str(path), REPO))
+    specs = [spec_for_host(host) for host in hosts]
     unique: list[StackSpec] = []
     for spec in specs:
         if spec not in unique:

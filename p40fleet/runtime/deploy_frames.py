@@ -10,8 +10,14 @@ no-op run. An entry in ``sys.modules`` whose ``__file__`` is the deploy file let
 from its cache: 0.4 ms. The entries are bare modules: nothing imports them and the deploy
 files still run only as pyinfra runs them.
 
+Adapts inspect (through ``sys.modules``, which ``inspect.getmodule`` scans); no pyinfra code is
+touched, and should pyinfra or CPython change, it silently stops helping and nothing breaks.
 ``install()`` is called explicitly by ``deploy/preflight.py`` (which every deploy includes),
 never on import. Idempotent.
+
+Checked against pyinfra 3.10.0 (``api/util.py`` ``get_operation_order_from_stack``, called from
+``api/operation.py`` when ``pyinfra.is_cli``) and CPython 3.11 (``inspect.getmodule``'s
+``modulesbyfile`` cache).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import sys
 import types
 from pathlib import Path
 
-PREFIX = "p40fleet.deploy_frames."
+PREFIX = "p40fleet.runtime.deploy_frames."
 
 
 def module_name(path: Path) -> str:

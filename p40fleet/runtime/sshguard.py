@@ -21,8 +21,16 @@ error (Host key for X does not match.)``) for the report's REFUSED / UNREACHABLE
 (``p40fleet.report.connect_entry``). When no host of the run could be reached pyinfra stops
 before any deploy file runs, so the guard writes the report (``$P40FLEET_REPORT``) itself then.
 
-pyinfra has no hook for either, so ``install()`` patches ``SSHConnector``'s methods in place;
-it is called explicitly, never on import. Idempotent.
+Adapts pyinfra's ``SSHConnector`` (a class-level patch of ``connect``, ``run_shell_command``,
+``put_file`` and ``get_file``): pyinfra has no hook that can refuse a connection or a command,
+nor one that sees a connector's exceptions, so ``install()`` wraps those methods in place; it
+is called explicitly (``config.py``, the deploy files), never on import. Idempotent. (A
+connector plugin, ``@p40ssh/...`` under the ``pyinfra.connectors`` entry point, would be the
+supported way; it would rename every host of every inventory.)
+
+Checked against pyinfra 3.10.0 (``connectors/ssh.py``; ``api/operations.py`` and
+``api/facts.py`` catch ``(TimeoutError, OSError, SSHException)`` per host, not ``EOFError``) and
+paramiko 4.0.0.
 """
 
 from __future__ import annotations
