@@ -6,8 +6,8 @@
     python benchmarks/bench_scale.py --clone-only 32 [--instance scale]
     python benchmarks/bench_scale.py --extrapolate A.json [B.json ...] [--hosts 1000]
 
-Modes (every run must end with every host connected, 0 changed, 0 failed, exit 0, or the
-benchmark stops):
+Modes (a timed run must end with every host connected, 0 changed, 0 failed, exit 0; one that
+does not is recorded under ``failures`` with its numbers and that mode runs at no larger size):
 
 * ``noop``: the four provisioning deploys named in one call on converged hosts
   (``bench_fleet``'s ``named``: the survey, the run lock's take and release);
@@ -35,13 +35,16 @@ sampled every 20 ms); the hosts' CPU (``bench_fleet.measured``: every process of
 host), the CPU floor (hosts' CPU / cores) and wall / floor; the load average before and after
 each run (the machine is shared). ``--repeat`` timed runs per mode and size (``--repeat-at``
 per size), after the settling run and, at the first size, one untimed warm-up per other mode.
+``verify`` and ``full`` are skipped (``skipped``, with the arithmetic) at a size whose CPU floor
+by the last size's host CPU per host exceeds the 120 s root allows a training-user fact command
+(``probe_fits``; the probe is one): on 2 cores, 32 hosts x 9.5 s / 2 = 152 s.
 Per mode over the sizes: a least-squares line ``a + b * hosts`` for controller CPU, RSS and
 fds, ``b`` being the per-host figure.
 
 ``--extrapolate`` reads the ``--json`` files of earlier runs (one or several sessions, sizes
 merged) and prints the 1,000-host extrapolation (``extrapolate()``; docs/scale.md shows the
-arithmetic). Needs root for the lab runs; leaves the instance down (``--keep``: lab1's disk
-kept for a later ``--converged`` run; otherwise every disk wiped).
+arithmetic). Needs root for the lab runs; leaves the instance down, every disk wiped after a
+complete run; ``--keep`` (or a run that stopped) keeps them for a later ``--converged`` run.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ sys.path.insert(0, str(REPO))
 
 import bench_fleet as fleet  # noqa: E402
 
+from p40fleet.privdrop import FACT_TIMEOUT_S  # noqa: E402
 from p40lab import runs  # noqa: E402
 
 MODES = {
@@ -77,6 +81,8 @@ MODES = {
 LAYOUT = "4xP40"
 SAMPLE_S = 0.02
 FAILED_LOG = Path("/tmp/bench-scale-failed-run.log")
+#: Modes whose probe runs as the training user under root's fact bound (FACT_TIMEOUT_S).
+PROBED = ("verify", "full")
 #: pyinfra 3.10, pyinfra/api/state.py: PARALLEL defaults to min(cpu_count() * 20, hosts,
 #: MAX_PARALLEL), MAX_PARALLEL = round((RLIMIT_NOFILE soft - 10) / 3).
 PARALLEL_PER_CPU = 20
@@ -269,9 +275,17 @@ def pyinfra_run(deploys: tuple[str, ...]) -> tuple[runs.RunResult, float, dict]:
     return result, wall, own
 
 
+class RunFailed(Exception):
+    """A run that changed or failed something, or did not reach every host: its numbers kept."""
+
+    def __init__(self, why: str, numbers: dict) -> None:
+        super().__init__(why)
+        self.why, self.numbers = why, numbers
+
+
 def measured_run(mode: str, size: int, *, settling: bool = False) -> dict:
     """One run of ``mode``, measured; it must change nothing (``settling``: it may, see
-    :func:`settle_run`) and fail nothing on every host, or the benchmark stops."""
+    :func:`settle_run`) and fail nothing on every host, else :class:`RunFailed`."""
     own: dict = {}
 
     def run() -> tuple[runs.RunResult, float]:
@@ -283,19 +297,20 @@ def measured_run(mode: str, size: int, *, settling: bool = False) -> dict:
     result, numbers = fleet.measured(run)
     changed = {h: result.changed[h] for h in result.connected if result.changed[h]}
     failed = {h: result.errors[h] for h in result.connected if result.errors[h]}
+    numbers.pop("host_cpu_s")  # per host names: the total is enough here
+    numbers = {**numbers, **own, "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
     if (changed and not settling) or failed or len(result.connected) != size or result.returncode:
         FAILED_LOG.write_text(result.output)
-        raise SystemExit(
+        raise RunFailed(
             f"{size} hosts, mode {mode}: not a no-op (rc {result.returncode}, "
             f"{len(result.connected)} connected, changed {changed}, failed {failed}; the whole "
-            f"output: {FAILED_LOG})\n"
-            f"{result.output[-3000:]}"
+            f"output: {FAILED_LOG})",
+            numbers,
         )
-    numbers.pop("host_cpu_s")  # per host names: the total is enough here
     if settling:
         ops = Counter(op for h in result.connected for op in result.changed_operations(h))
         numbers["changed_operations"] = dict(ops)
-    return {**numbers, **own, "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    return numbers
 
 
 def settle_run(size: int) -> dict:
@@ -304,6 +319,13 @@ def settle_run(size: int) -> dict:
     there, so this run may change that (it says what, per operation: host count); it is not
     timed. Every later run must change nothing."""
     return measured_run("noop", size, settling=True)
+
+
+def probe_fits(host_cpu_per_host_s: float, hosts: int, cores: int,
+               bound_s: float = FACT_TIMEOUT_S) -> bool:  # fmt: skip
+    """Whether ``hosts`` lab hosts' probes can answer within root's bound on a training-user
+    fact command (``bound_s``) when they share ``cores``: their CPU floor must fit in it."""
+    return host_cpu_per_host_s * hosts / cores <= bound_s
 
 
 def summarize(size: int, mode: str, timed: list[dict]) -> dict:
@@ -430,6 +452,8 @@ def main() -> int:
         "loadavg_before": os.getloadavg(),
         "clone": "lab2..labN: lab1's converged upper layer, hard-linked (cp -al)",
         "results": [],
+        "failures": [],
+        "skipped": [],
         "sessions": [],
     }
 
@@ -441,6 +465,7 @@ def main() -> int:
     print(f"commit {doc['commit']}, {doc['cores']} cores, nice {doc['nice']}, ulimit -n "
           f"{doc['nofile']}, load {' '.join(f'{x:.2f}' for x in doc['loadavg_before'])}",
           flush=True)  # fmt: skip
+    completed = False
     try:
         fleet.lab("down")
         if args.converged:
@@ -453,6 +478,8 @@ def main() -> int:
             doc["converge_s"] = first.seconds
             print(f"lab1 converged in {first.seconds:.1f} s", flush=True)
         hosts_dir = disks_dir()
+        skip: dict[str, str] = {}  # mode -> why it runs no more
+        host_cpu: dict[str, float] = {}  # mode -> host CPU s per host at the last size
         for index, size in enumerate(sizes):
             fleet.lab("down")
             session = {"hosts": size, **clone_disks(hosts_dir, size)}
@@ -460,18 +487,46 @@ def main() -> int:
             up(size, keep_disks=True)
             session["up_s"] = time.monotonic() - t0
             doc["sessions"].append(session)
-            session["settle"] = settle_run(size)
+            try:
+                session["settle"] = settle_run(size)
+            except RunFailed as exc:  # the hosts are not converged: nothing to measure
+                doc["failures"].append({"hosts": size, "mode": "settle", "why": exc.why,
+                                        "run": exc.numbers})  # fmt: skip
+                raise SystemExit(exc.why) from None
             print(f"{size} hosts: settling run changed {session['settle']['changed_operations']}",
                   flush=True)  # fmt: skip
             for mode in modes:
-                if index == 0 and mode != "noop":
-                    measured_run(mode, size)  # warm-up (the settling run was noop's)
-                timed = [measured_run(mode, size) for _ in range(repeat_at.get(size, args.repeat))]
+                if mode not in skip and mode in PROBED and mode in host_cpu:
+                    if not probe_fits(host_cpu[mode], size, doc["cores"]):
+                        skip[mode] = (
+                            f"{size} hosts x {host_cpu[mode]:.2f} s of host CPU / {doc['cores']} "
+                            f"cores > the probe's {FACT_TIMEOUT_S} s bound (FACT_TIMEOUT_S)"
+                        )
+                if mode in skip:
+                    doc["skipped"].append({"hosts": size, "mode": mode, "why": skip[mode]})
+                    print(f"{size:>3} hosts {mode:>6}: skipped: {skip[mode]}", flush=True)
+                    continue
+                try:
+                    if index == 0 and mode != "noop":
+                        measured_run(mode, size)  # warm-up (the settling run was noop's)
+                    timed = [measured_run(mode, size)
+                             for _ in range(repeat_at.get(size, args.repeat))]  # fmt: skip
+                except RunFailed as exc:  # recorded; the other modes and sizes go on
+                    doc["failures"].append({"hosts": size, "mode": mode, "why": exc.why,
+                                            "run": exc.numbers})  # fmt: skip
+                    skip[mode] = f"failed at {size} hosts"
+                    print(exc.why, flush=True)
+                    save()
+                    continue
                 doc["results"].append(summarize(size, mode, timed))
+                host_cpu[mode] = doc["results"][-1]["median"]["host_cpu_per_host_s"]
                 print(report_size(doc["results"][-1]), flush=True)
                 save()
+        completed = True
     finally:
-        fleet.lab("down", *([] if args.keep else ["--wipe"]))
+        # A run that stopped keeps the disks: `--converged` goes on from them.
+        wipe = completed and not args.keep
+        fleet.lab("down", *(["--wipe"] if wipe else []))
         doc["loadavg_after"] = os.getloadavg()
         save()
         print(f"load after {' '.join(f'{x:.2f}' for x in doc['loadavg_after'])}")

@@ -65,3 +65,12 @@ def test_extrapolation_arithmetic():
     assert not wide["nofile_ok"]  # 1,012 fds needed, 1,000 allowed
     slow = bench_scale.extrapolate(lines, 8.0, 1000, 2, 1024)
     assert slow["wall_s"] == pytest.approx(200.0)  # 25 rounds of 8 s: the pool is the bound
+
+
+def test_probe_fits_the_fact_bound_only_while_the_cpu_floor_does():
+    from p40fleet.privdrop import FACT_TIMEOUT_S
+
+    assert FACT_TIMEOUT_S == 120  # docs/scale.md's arithmetic uses it
+    assert bench_scale.probe_fits(9.46, 8, 2)  # 37.8 s of floor
+    assert not bench_scale.probe_fits(9.46, 32, 2)  # 151.4 s > 120 s
+    assert bench_scale.probe_fits(9.46, 32, 2, bound_s=160)
