@@ -8,8 +8,11 @@ import re
 from pathlib import Path
 
 CACHE_ENV = "P40FLEET_CACHE"
-#: The controller's id for the run lock (``p40fleet.run_lock``): in the cache dir, made once.
+#: The controller's id for the run lock (``p40fleet.run_lock``): in the cache dir, made once,
+#: one file per machine (:func:`id_path`).
 ID_FILE = "controller-id"
+#: What tells one machine from another under a shared cache dir (an NFS home).
+MACHINE_ID = Path("/etc/machine-id")
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -27,14 +30,29 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def _machine() -> str:
+    try:
+        return MACHINE_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def id_path() -> Path:
+    """``controller-id.M`` in :func:`cache_dir`, M from this machine's ``/etc/machine-id``: two
+    machines sharing one cache dir (an NFS home) keep two ids, so neither takes the other's live
+    lock for a crashed run of its own (it looks for the holder's pid on its own machine)."""
+    machine = hashlib.sha256(_machine().encode()).hexdigest()[:12]
+    return cache_dir() / f"{ID_FILE}.{machine}"
+
+
 def controller_id() -> str:
     """Who this controller is, for the hosts' run lock: a random id (32 hex) kept in
-    :func:`cache_dir`, made on first use. Not the hostname: cloned VMs and laptops share one,
+    :func:`id_path`, made on first use. Not the hostname: cloned VMs and laptops share one,
     and a lock of a live run elsewhere would then look like a crashed run here.
 
     Where the cache cannot be written, the id is derived from ``/etc/machine-id`` and the uid
     instead (stable on this machine; a clone that kept its machine-id shares it)."""
-    path = cache_dir() / ID_FILE
+    path = id_path()
     for _attempt in range(2):
         try:
             text = path.read_text().strip()
@@ -60,8 +78,4 @@ def controller_id() -> str:
                 tmp.unlink(missing_ok=True)
         except OSError:
             break
-    try:
-        machine = Path("/etc/machine-id").read_text().strip()
-    except OSError:
-        machine = ""
-    return hashlib.sha256(f"{machine}:{os.getuid()}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{_machine()}:{os.getuid()}".encode()).hexdigest()[:32]

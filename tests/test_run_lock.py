@@ -245,7 +245,8 @@ def test_controller_id_is_random_kept_and_not_the_hostname(tmp_path, monkeypatch
     monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "a"))
     first = controller.controller_id()
     assert len(first) == 32 and first == controller.controller_id()
-    stored = tmp_path / "a" / controller.ID_FILE
+    stored = controller.id_path()
+    assert stored.parent == tmp_path / "a" and stored.name.startswith("controller-id.")
     assert stored.read_text().strip() == first and stored.stat().st_mode & 0o777 == 0o600
     assert socket.gethostname() not in first
     monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "b"))
@@ -254,6 +255,19 @@ def test_controller_id_is_random_kept_and_not_the_hostname(tmp_path, monkeypatch
     monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "a"))
     again = controller.controller_id()
     assert again != first and stored.read_text().strip() == again
+
+
+def test_two_machines_sharing_one_cache_dir_are_two_controllers(tmp_path, monkeypatch):
+    """An NFS home shared by two controllers: each machine keeps its own id there, so one never
+    takes the other's live lock for a crashed run of its own; each keeps its id across runs."""
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path / "shared"))
+    ids = {}
+    for machine in ("a" * 32, "b" * 32, "a" * 32):
+        (tmp_path / "machine-id").write_text(machine + "\n")
+        monkeypatch.setattr(controller, "MACHINE_ID", tmp_path / "machine-id")
+        ids.setdefault(machine, set()).add(controller.controller_id())
+    assert len(ids["a" * 32]) == 1 and ids["a" * 32] != ids["b" * 32], ids
+    assert len(list((tmp_path / "shared").glob("controller-id.*"))) == 2
 
 
 # --------------------------------------------------------------------- the operation
