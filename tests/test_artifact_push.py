@@ -177,6 +177,9 @@ def test_controller_fetches_once_for_n_hosts_and_checks_the_sum(controller, payl
         return slow(*args, **kwargs)
 
     monkeypatch.setattr(artifact_push, "fetch", slower)
+    hashed: list[object] = []
+    real_sum = artifact_push.sha256_file
+    monkeypatch.setattr(artifact_push, "sha256_file", lambda p: hashed.append(p) or real_sum(p))
     hosts = ["lab1", "lab2", "lab3"]
     results = {
         name: run_op(artifacts.push, url=url, sha256=digest, dest_dir=CACHE,
@@ -196,12 +199,13 @@ def test_controller_fetches_once_for_n_hosts_and_checks_the_sum(controller, payl
         thread.join()
     assert oks == dict.fromkeys(hosts, True)
     assert controller == [url]  # one fetch for the three hosts
+    assert len(hashed) == 1  # and one check of the controller's copy, not one per host
     copy = controller_artifact("thing.run")
     assert copy.read_bytes() == src.read_bytes()
     # the next run: the controller's copy is there (hashed again, not fetched)
     next_run, host = make_host()
     assert _execute(results["lab1"], next_run, host) is True
-    assert controller == [url]
+    assert controller == [url] and len(hashed) == 2
 
 
 def test_wrong_sum_fetched_by_the_controller_is_refused_naming_file_sums_and_fix(
