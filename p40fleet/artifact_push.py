@@ -80,9 +80,9 @@ def _download(
         download(url, path, sha256, size=size)
     except SumMismatch as exc:
         raise PushError(
-            f"{filename} fetched by the controller from {url} has sha256 {exc.got}, expected "
-            f"{exc.want}: deleted, nothing uploaded — fix: check the source's copy (sha256sum "
-            "it there) or correct the sha256 in the stack spec, then re-run"
+            f"{filename} fetched by the controller from {url} has {exc.algorithm} {exc.got}, "
+            f"expected {exc.want}: deleted, nothing uploaded — fix: check the source's copy "
+            "(sha256sum it there) or correct the sha256 in the stack spec, then re-run"
         ) from None
     except FetchError as exc:
         part = f"{path}.part"
