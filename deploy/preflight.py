@@ -67,8 +67,7 @@ if spec is not None:
     space = ask(host, FreeSpace, path=cache)
     answers = [
         (item, url, answer.status if answer else 0, answer.error if answer else "no answer")
-        for item in ARTIFACTS
-        if not verified[item]
+        for item in preflight.heads_to_ask(spec, verified)
         for url in [spec.artifact_url(item)]
         for answer in [ask(host, UrlHead, url=url, proxy=shell_prefix(spec.proxy, UNCHECKED))]
     ]

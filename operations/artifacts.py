@@ -17,21 +17,33 @@ progress (every 10 % or 30 s) and pyinfra shows it at default verbosity (operati
 A file already there without a valid marker (copied in by hand, touched, or not root's) is
 hashed once: kept if its sum matches, downloaded again if not. The cache dir must be root's and
 not world-writable: root runs what is in it.
+
+With ``stack.mirror.push_from_controller`` (:func:`push`) the host downloads nothing: the
+controller fetches each file once per run into its own cache (``p40fleet.artifact_push``,
+sha256-checked there), ``files.put`` uploads it into root's 0700 ``.p40fleet-push/`` inside
+the cache, and the host hashes that copy under ``X.run.lock`` before renaming it to ``X.run``
+and writing the same marker. A verified ``X.run`` is never sent again.
 """
 
 from __future__ import annotations
 
 import posixpath
 import shlex
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
+from pyinfra.operations import files
 
-from facts.artifacts import ArtifactState, marker_path
+from facts.artifacts import ArtifactFile, ArtifactState, marker_path
 from facts.host import FreeSpace
 from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.progress import streamed
+from p40fleet.artifact_push import PushError, controller_artifact, controller_copy
 from p40fleet.proxy import shell_prefix
 from p40fleet.spec import ARTIFACTS, Proxy, StackSpec
 
@@ -41,7 +53,11 @@ __all__ = [
     "download_command",
     "fetch",
     "format_bytes",
+    "install_command",
     "parent_remedy",
+    "push",
+    "push_dir",
+    "staging_command",
     "survey_parts",
 ]
 
@@ -212,6 +228,53 @@ def parent_remedy(problem: str, field: str) -> str:
     )
 
 
+def _unsafe_cache(state: ArtifactFile, filename: str, dest_dir: str) -> Iterator:
+    """Yield the refusal for a cache dir root must not use; returns whether it refused
+    (``refused = yield from _unsafe_cache(...)``)."""
+    if state.dir_problem:
+        yield from refuse._inner(
+            step=f"download {filename}",
+            reason=f"the artifact cache {dest_dir} is {state.dir_problem}: another account "
+            "could put a file there that root then runs",
+            remedy=f"chown root:root {dest_dir} && chmod 0755 {dest_dir}, or set "
+            "stack.paths.artifact_cache to a directory only root can write",
+        )
+        return True
+    if state.parent_problem:
+        yield from refuse._inner(
+            step=f"download {filename}",
+            reason=f"the artifact cache {dest_dir}: {state.parent_problem}: that account could "
+            "swap the cache dir for one holding its own file, which root then runs (S7)",
+            remedy=parent_remedy(state.parent_problem, "stack.paths.artifact_cache"),
+        )
+        return True
+    return False
+
+
+def _no_room(state: ArtifactFile, filename: str, dest_dir: str, size: int | None) -> Iterator:
+    """Yield the refusal for too little free space for a file not there yet; returns whether
+    it refused."""
+    if size is None or state.present:
+        return False
+    space = ask(host, FreeSpace, path=dest_dir)
+    free = space.available_bytes if space else None
+    if free is None or free >= size:
+        return False
+    yield from refuse._inner(
+        step=f"download {filename}",
+        reason=(
+            f"not enough free space for {filename} in {dest_dir}: needs "
+            f"{format_bytes(size)}, {format_bytes(free)} free, "
+            f"{format_bytes(size - free)} missing"
+        ),
+        remedy=(
+            f"free {format_bytes(size - free)} on the filesystem of {dest_dir} or set "
+            "stack.paths.artifact_cache to a directory on a filesystem with room"
+        ),
+    )
+    return True
+
+
 @operation()
 def fetch(
     url: str,
@@ -236,46 +299,15 @@ def fetch(
     path = posixpath.join(dest_dir, filename)
     state = ask(host, ArtifactState, path=path)
 
-    if state.dir_problem:
-        yield from refuse._inner(
-            step=f"download {filename}",
-            reason=f"the artifact cache {dest_dir} is {state.dir_problem}: another account "
-            "could put a file there that root then runs",
-            remedy=f"chown root:root {dest_dir} && chmod 0755 {dest_dir}, or set "
-            "stack.paths.artifact_cache to a directory only root can write",
-        )
-        return
-
-    if state.parent_problem:
-        yield from refuse._inner(
-            step=f"download {filename}",
-            reason=f"the artifact cache {dest_dir}: {state.parent_problem}: that account could "
-            "swap the cache dir for one holding its own file, which root then runs (S7)",
-            remedy=parent_remedy(state.parent_problem, "stack.paths.artifact_cache"),
-        )
+    if (yield from _unsafe_cache(state, filename, dest_dir)):
         return
 
     if state.verified(sha256):
         host.noop(f"{filename} is in {dest_dir}, verified (sha256 {sha256[:12]}…)")
         return
 
-    if size is not None and not state.present:
-        space = ask(host, FreeSpace, path=dest_dir)
-        free = space.available_bytes if space else None
-        if free is not None and free < size:
-            yield from refuse._inner(
-                step=f"download {filename}",
-                reason=(
-                    f"not enough free space for {filename} in {dest_dir}: needs "
-                    f"{format_bytes(size)}, {format_bytes(free)} free, "
-                    f"{format_bytes(size - free)} missing"
-                ),
-                remedy=(
-                    f"free {format_bytes(size - free)} on the filesystem of {dest_dir} or set "
-                    "stack.paths.artifact_cache to a directory on a filesystem with room"
-                ),
-            )
-            return
+    if (yield from _no_room(state, filename, dest_dir, size)):
+        return
 
     if state.present:
         why = state.untrusted or "no valid verified marker"
@@ -285,16 +317,169 @@ def fetch(
     )
 
 
+#: In the artifact cache: root's 0700 dir where an upload lands before it is checked and
+#: renamed into place (the cache itself is 0755: the Miniconda installer runs as the user).
+PUSH_DIR = ".p40fleet-push"
+
+
+def push_dir(dest_dir: str) -> str:
+    """Root's 0700 staging dir for uploads into the artifact cache ``dest_dir``."""
+    return posixpath.join(dest_dir, PUSH_DIR)
+
+
+def staging_command(dest_dir: str) -> StringCommand:
+    """Make the cache dir (root's, not world-writable: checked) and its 0700 staging dir: an
+    upload there cannot meet a link or a file another account made (only root writes in it)."""
+    unsafe_dir = _say(
+        f"{dest_dir} is owned by uid ", _Var("o"), " with mode ", _Var("mo"),
+        f": another account could plant a file there that root then runs. Remedy: chown "
+        f"root:root {dest_dir} && chmod 0755 {dest_dir}, or set stack.paths.artifact_cache "
+        "to a root-only directory, then re-run",
+    )  # fmt: skip
+    script = (
+        f"d={shlex.quote(dest_dir)}; s={shlex.quote(push_dir(dest_dir))}; "
+        'mkdir -p -m 0755 "$d" || exit 1; o=$(stat -c %u "$d"); mo=$(stat -c %a "$d"); '
+        'if [ "$o" != 0 ] || [ $((0$mo & 2)) != 0 ]; then '
+        f"{unsafe_dir} >&2; exit 1; fi; "
+        # never write through a link (or into anything but a dir) that stands there
+        'if [ -L "$s" ] || { [ -e "$s" ] && [ ! -d "$s" ]; }; then rm -f "$s"; fi; '
+        'mkdir -p -m 0700 "$s" && chown 0:0 "$s" && chmod 0700 "$s"'
+    )
+    return StringCommand("sh", "-c", QuoteString(script))
+
+
+def install_command(staged: str, sha256: str, dest_dir: str, filename: str) -> StringCommand:
+    """The host's own check of an upload: under the file's lock, ``staged``'s sha256 must be
+    the pin, else it is deleted and the step fails naming file and sums; then it is renamed
+    to ``dest_dir/filename`` (same filesystem: atomic; a link there is replaced, not followed)
+    and marked verified like a download."""
+    sha256 = sha256.lower()
+    path = posixpath.join(dest_dir, filename)
+    mismatch = _say(
+        f"sha256 mismatch for {filename} uploaded from the controller: expected {sha256}, got ",
+        _Var("got"), f"; the upload was deleted. Remedy: sha256sum the controller's copy "
+        f"({controller_artifact(filename)}) and check the link to this host, then re-run",
+    )  # fmt: skip
+    busy = _say(
+        f"another p40fleet run is writing {filename} (it holds {path}.lock). "
+        "Remedy: wait for that run to finish, then re-run"
+    )
+    script = (
+        f"f={shlex.quote(path)}; t={shlex.quote(staged)}; m={shlex.quote(marker_path(path))}; "
+        f"n={shlex.quote(filename)}; want={sha256}; "
+        'exec 9>>"$f.lock"; if command -v flock >/dev/null 2>&1 && ! flock -n 9; then '
+        f"{busy} >&2; exit 1; fi; "
+        "got=$(sha256sum \"$t\" 2>/dev/null | cut -d' ' -f1); "
+        f'if [ "$got" != "$want" ]; then rm -f "$t"; {mismatch} >&2; exit 1; fi; '
+        'rm -f "$m" && chmod 0644 "$t" && mv -f "$t" "$f" && rm -f "$f.part" || exit 1; '
+        'echo "$n: uploaded from the controller, sha256 verified on this host ($want)"; '
+        'echo "$(stat -c \'%s %Y\' "$f") $want" > "$m.tmp" && mv -f "$m.tmp" "$m"'
+    )
+    return StringCommand("sh", "-c", QuoteString(script))
+
+
+_COPIES_ATTR = "p40fleet_controller_artifacts"
+_COPIES_GUARD = threading.Lock()
+
+
+def controller_copy_once(
+    run: State, url: str, sha256: str, filename: str, size: int | None
+) -> tuple[Path | None, str | None]:
+    """``(path, None)`` of the controller's verified copy, or ``(None, why)``: decided once per
+    run and file for all hosts (kept on the run's state; hosts run in parallel and wait for
+    the one fetch). Only at execution: a dry run or the planning pass never downloads."""
+    with _COPIES_GUARD:
+        memo: dict[tuple[str, str], list[Any]] | None = getattr(run, _COPIES_ATTR, None)
+        if memo is None:
+            memo = {}
+            setattr(run, _COPIES_ATTR, memo)
+        entry = memo.setdefault((filename, sha256.lower()), [threading.Lock(), None])
+    with entry[0]:
+        if entry[1] is None:
+            try:
+                entry[1] = (controller_copy(url, sha256, filename, size), None)
+            except PushError as exc:
+                entry[1] = (None, str(exc))
+    return entry[1]
+
+
+@operation()
+def push(
+    url: str,
+    sha256: str,
+    dest_dir: str,
+    filename: str,
+    size: int | None = None,
+):
+    """
+    Upload an artifact from the controller's cache (``stack.mirror.push_from_controller``).
+
+    + url: where the controller fetches it when its cache lacks it (mirror or upstream)
+    + sha256: expected sum (64 hex): checked on the controller, then again on the host
+    + dest_dir: the host's artifact cache (root's, created if missing)
+    + filename: file name in both caches
+    + size: expected size in bytes, if known: free space is checked before uploading
+
+    Nothing is fetched or uploaded when the host's copy is verified. Else, at execution, the
+    controller's copy (fetched once per run for all hosts, ``controller_copy_once``) goes to
+    root's 0700 staging dir with ``files.put``; the host checks its sha256, renames and marks it.
+    """
+    sha256 = sha256.lower()
+    path = posixpath.join(dest_dir, filename)
+    state = ask(host, ArtifactState, path=path)
+
+    if (yield from _unsafe_cache(state, filename, dest_dir)):
+        return
+
+    if state.verified(sha256):
+        host.noop(f"{filename} is in {dest_dir}, verified (sha256 {sha256[:12]}…): not pushed")
+        return
+
+    if (yield from _no_room(state, filename, dest_dir, size)):
+        return
+
+    if state.present:
+        why = state.untrusted or "no valid verified marker"
+        host.log(f"{filename}: {why}: replaced by the controller's verified copy")
+    local = controller_artifact(filename)
+    staged = posixpath.join(push_dir(dest_dir), filename)
+
+    def _controller_copy(state: State, host: Host) -> bool:
+        _path, why = controller_copy_once(state, url, sha256, filename, size)
+        if why:
+            host.log_styled(f"host {host.name}: push {filename}: {why}", fg="red")
+            return False
+        return True
+
+    yield FunctionCommand(_controller_copy, (), {})
+    yield staging_command(dest_dir)
+    yield from files.put._inner(
+        src=str(local), dest=staged, add_deploy_dir=False, create_remote_dir=False,
+        force=True, assume_exists=True,
+    )  # fmt: skip
+    yield install_command(staged, sha256, dest_dir, filename)
+
+
 @operation()
 def artifact(item: str, spec: StackSpec):
     """
     Fetch the spec's artifact ``item`` (``driver``, ``cuda``, ``cudnn``, ``miniconda``).
 
     + item: the artifact's field in the stack spec (not ``name``: pyinfra takes that one)
-    + spec: the host's StackSpec (mirror URL when it names one, else upstream)
+    + spec: the host's StackSpec (mirror URL when it names one, else upstream; uploaded from
+      the controller with ``mirror.push_from_controller``)
     """
     what = spec.artifact(item)
     url = spec.artifact_url(item)
+    if spec.mirror is not None and spec.mirror.push_from_controller:
+        yield from push._inner(
+            url=url,
+            sha256=what.sha256,
+            dest_dir=spec.paths.artifact_cache,
+            filename=what.filename,
+            size=what.size,
+        )
+        return
     yield from fetch._inner(
         url=url,
         sha256=what.sha256,
@@ -307,5 +492,5 @@ def artifact(item: str, spec: StackSpec):
 
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts :func:`artifact` asks on a converged host, for every artifact of the spec
-    (``operations.survey``)."""
+    (``operations.survey``); :func:`push` asks the same one."""
     return [part(ArtifactState, path=artifact_path(spec, item)) for item in ARTIFACTS]

@@ -103,6 +103,15 @@ def space_refusal(path: str, available: int | None, needed: int) -> Refusal | No
     )
 
 
+def heads_to_ask(spec: StackSpec, verified: Mapping[str, bool]) -> list[str]:
+    """The artifacts whose URL the host asks (``facts.mirror.UrlHead``) before any change: those
+    not verified in its cache; none with ``mirror.push_from_controller`` (the controller fetches
+    and uploads them: the host need not reach any URL)."""
+    if spec.mirror is not None and spec.mirror.push_from_controller:
+        return []
+    return [item for item in ARTIFACTS if not verified.get(item, False)]
+
+
 def mirror_refusals(answers: Iterable[tuple[str, str, int, str]]) -> list[Refusal]:
     """``(item, url, http status, error)`` for each artifact still to download → refusals."""
     refusals = []

@@ -57,6 +57,7 @@ ROOT_ONLY = {
     "apt_source.mirror": "/etc/apt",
     "artifacts.fetch": "the root-owned artifact cache",
     "artifacts.artifact": "the root-owned artifact cache",
+    "artifacts.push": "the root-owned artifact cache (its 0700 staging dir)",
     "cuda.toolkit": "the CUDA dir",
     "cuda.symlink": "/usr/local/cuda",
     "cuda.profile": "/etc/profile.d",

@@ -181,3 +181,14 @@ def test_unsupported_verl_ref_is_among_the_python_layer_refusals():
     seed = "62549582a71881fe861b09f8375e3aea80ac6754"
     spec = load_spec("h1", {"verl": {"ref": seed, "commit": seed, "version": "0.5.0.dev0"}})
     assert [r.step for r in preflight.python_layer_refusals(spec, P40)] == ["verl ref"]
+
+
+def test_the_host_heads_only_unverified_urls_and_none_when_the_controller_pushes():
+    done = {"driver": True, "cuda": False, "cudnn": True, "miniconda": False}
+    assert preflight.heads_to_ask(SPEC, done) == ["cuda", "miniconda"]
+    mirrored = load_spec("h1", {"mirror": {"artifacts_url": "http://10.0.0.1:8111/artifacts"}})
+    assert preflight.heads_to_ask(mirrored, {}) == ["driver", "cuda", "cudnn", "miniconda"]
+    pushed = load_spec("h1", {"mirror": {"artifacts_url": "http://10.0.0.1:8111/artifacts",
+                                         "push_from_controller": True}})  # fmt: skip
+    # the host may reach no URL at all: the controller fetches, uploads, the host checks
+    assert preflight.heads_to_ask(pushed, {}) == []

@@ -83,7 +83,7 @@ from p40fleet.launch import plan_launch
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import PROXY_FILE
 from p40fleet.run_lock import DEFAULT_PATH
-from p40fleet.spec import ARTIFACTS, StackSpec, cuda_release_of, load_spec
+from p40fleet.spec import ARTIFACTS, Mirror, StackSpec, cuda_release_of, load_spec
 from p40fleet.training import staged_dir
 from tests.opharness import OpResult, at, run_op
 from tests.test_homesafe import _operations
@@ -279,6 +279,8 @@ def cases(spec: StackSpec) -> dict[str, list[tuple[Callable[..., Any], dict]]]:
         return training.host_plan(spec, model_config=config, cluster=None)
 
     driver_art = spec.artifact("driver")
+    push_mirror = (spec.mirror or Mirror()).model_copy(update={"push_from_controller": True})
+    pushed = spec.model_copy(update={"mirror": push_mirror})
     return {
         "proxy.credentials": [(proxy.credentials, {"proxy": spec.proxy})],
         "run_lock.take": [(run_lock.take, {"path": DEFAULT_PATH})],
@@ -292,6 +294,12 @@ def cases(spec: StackSpec) -> dict[str, list[tuple[Callable[..., Any], dict]]]:
             "url": spec.artifact_url("driver"), "sha256": driver_art.sha256,
             "dest_dir": paths.artifact_cache, "filename": driver_art.filename,
             "size": driver_art.size, "proxy": spec.proxy})],
+        # stack.mirror.push_from_controller: the same fact, no other
+        "artifacts.push": [(artifacts.push, {
+            "url": spec.artifact_url("driver"), "sha256": driver_art.sha256,
+            "dest_dir": paths.artifact_cache, "filename": driver_art.filename,
+            "size": driver_art.size})] + [(artifacts.artifact, {"item": item, "spec": pushed})
+                                          for item in ARTIFACTS],
         "apt_source.mirror": [(apt_source.mirror, {
             "url": apt.url, "suite": apt.suite, "components": list(apt.components),
             "key_file": apt.signed_by, "trusted": apt.trusted,

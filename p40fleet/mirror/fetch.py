@@ -21,6 +21,15 @@ class FetchError(RuntimeError):
     """A download failed or its bytes are not the pinned ones (the message names URL and fix)."""
 
 
+class SumMismatch(FetchError):
+    """The downloaded bytes are not the pinned ones: ``got`` is their digest, ``want`` the pin
+    (of ``algorithm``)."""
+
+    def __init__(self, message: str, algorithm: str, got: str, want: str) -> None:
+        super().__init__(message)
+        self.algorithm, self.got, self.want = algorithm, got, want
+
+
 def sha256_of(path: Path) -> str:
     return digest_of(path, "sha256")
 
@@ -82,9 +91,12 @@ def fetch(
         got = digest_of(part, algorithm) if want else None
         if got is not None and got != want:
             part.unlink(missing_ok=True)
-            raise FetchError(
+            raise SumMismatch(
                 f"{url}: {algorithm} {got} is not the pinned {want}: not kept (the upstream "
-                "file changed, or the pin is wrong: check the pin against the publisher's sum)"
+                "file changed, or the pin is wrong: check the pin against the publisher's sum)",
+                algorithm,
+                got,
+                want,
             )
     os.replace(part, dest)
     return moved

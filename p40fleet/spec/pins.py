@@ -452,6 +452,11 @@ class Mirror(BaseModel):
     apt: AptMirror | None = None
     conda_channel: BaseUrl | None = None
     air_gapped: bool = False
+    # Artifacts (driver, CUDA, cuDNN, Miniconda) reach the hosts from the controller over SSH,
+    # for labs without an HTTP server the hosts can reach: the controller fetches each one once
+    # per run into its cache ($P40FLEET_CACHE/artifacts/, from artifacts_url or upstream; a file
+    # put there by hand is used), checks its sha256, uploads it; each host checks it again.
+    push_from_controller: bool = False
 
     @model_validator(mode="after")
     def _rules(self) -> Mirror:

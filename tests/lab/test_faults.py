@@ -219,6 +219,59 @@ def test_mirror_not_answering_then_back(fleet):
     home_intact(lab)
 
 
+SYSTEM_ARTIFACTS = ("NVIDIA-Linux-x86_64-525.147.05.run", "cuda_11.8.0_520.61.05_linux.run",
+                    CUDNN_TAR)  # fmt: skip
+PUSHED = {"*": {"mirror": {"push_from_controller": True}}}
+
+
+def _pushed_ok(lab, name: str, files: tuple[str, ...]) -> None:
+    """``name``'s copies of ``files`` are the mirror's bytes, marked verified by the host's own
+    check, and root's staging dir is empty."""
+    cache = "/var/cache/p40fleet"
+    for file in files:
+        want = sha256_file(mirror.MIRROR_DIR / "artifacts" / file)
+        marker = lab.ssh(name, f"cat {cache}/{file}.verified", check=True).stdout.split()
+        got = lab.ssh(name, f"sha256sum {cache}/{file}", check=True).stdout.split()[0]
+        assert marker[2] == got == want, (name, file, marker, got)
+    staging = lab.ssh(name, f"stat -c '%u %a' {cache}/.p40fleet-push && ls -A "
+                      f"{cache}/.p40fleet-push", check=True).stdout.split()  # fmt: skip
+    assert staging == ["0", "700"], staging
+
+
+def test_artifacts_pushed_from_the_controller_fetched_once_then_with_the_mirror_down(fleet):
+    """mirror.push_from_controller (issue 27): the controller fetches an artifact two hosts
+    need once and uploads it over SSH; with the mirror not answering, lab2's artifacts step
+    converges from the controller's cache alone. Each host checks every copy itself."""
+    lab = fleet["lab"]
+    env = dict(CONTROLLER_CACHE, P40LAB_STACK_HOST=json.dumps(PUSHED))
+    lost = " ".join(f"/var/cache/p40fleet/{n} /var/cache/p40fleet/{n}.verified"
+                    for n in SYSTEM_ARTIFACTS)  # fmt: skip
+    for name in ("lab1", "lab2"):
+        lab.ssh(name, f"rm -f /var/cache/p40fleet/{CUDNN_TAR}*", check=True)
+    since = time.time()
+    first = runs.run("deploy/system.py", "--limit", "lab1", "--limit", "lab2", env=env)
+    for name in ("lab1", "lab2"):
+        assert not first.errors[name] and name in first.connected, first.output[-3000:]
+        _pushed_ok(lab, name, (CUDNN_TAR,))
+    size = (mirror.MIRROR_DIR / "artifacts" / CUDNN_TAR).stat().st_size
+    served = httpd.bytes_served(since=since, path_prefix=f"/artifacts/{CUDNN_TAR}")
+    assert served == size, (served, size)  # once, by the controller: not once per host
+    # the controller's cache holds the rest by hand (its files came on a disk); no mirror
+    cached = Path(CONTROLLER_CACHE["P40FLEET_CACHE"]) / "artifacts"
+    for file in SYSTEM_ARTIFACTS[:2]:
+        (cached / file).write_bytes((mirror.MIRROR_DIR / "artifacts" / file).read_bytes())
+    lab.ssh("lab2", f"rm -f {lost}", check=True)
+    httpd.stop_server()
+    try:
+        second = runs.run("deploy/system.py", "--limit", "lab2", env=env)
+    finally:
+        httpd.start_server()
+    assert not second.errors["lab2"] and second.changed["lab2"], error_lines(second, "lab2")
+    _pushed_ok(lab, "lab2", SYSTEM_ARTIFACTS)
+    print(f"push: cudnn {size} bytes served once for 2 hosts; lab2 from the controller's cache "
+          f"with the mirror down in {second.seconds:.1f} s")  # fmt: skip
+
+
 def test_download_cut_halfway_resumes_with_a_range_and_verifies_the_whole_file(fleet):
     """Issue 13: the mirror stops halfway through the CUDA runfile; the re-run fetches only
     the rest (HTTP range) and checks the sha256 of the whole file. Progress shows at default
