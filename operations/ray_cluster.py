@@ -186,14 +186,30 @@ def configured(spec: StackSpec) -> bool:
     return spec.ray.head is not None or bool(head_group())
 
 
+#: The custom resource verl 0.5.0's CPU step asks every node's placement group for (a resource
+#: named after the device: single_controller/ray/base.py:110-117); its GPU count
+#: (ray_trainer.py:119-135) is met by as many fake GPUs.
+CPU_RESOURCE = "cpu"
+
+
 def plan_for_host(spec: StackSpec, members: Membership | None = None) -> RayPlan:
     """This host's plan; raises :class:`p40fleet.ray.RayError` when no head can be chosen.
-    ``members``: the run's membership; a head that is not a training node offers Ray no GPU."""
+    ``members``: the run's membership; a head that is not a training node offers Ray no GPU.
+    A training node the inventory marks simulated (no GPU for Ray to detect) offers its PCI
+    GPUs as fake GPUs and as many ``cpu`` resources, so the cluster's CPU smoke step
+    (``verify --smoke``, gloo) can place one worker per GPU on it; a real host offers what
+    Ray detects."""
     head = choose_head(spec, head_group(), (h.name for h in inventory))
     address = _head_address(head, spec)
     own_ip = _ip_or_none(host.data.get("ssh_hostname"))
     gpus = 0 if members is not None and host.name == head and not members.trains(head) else None
-    return plan_ray(spec, host.name, head, address, node_ip=own_ip, num_gpus=gpus)
+    resources = None
+    shape = members.shape if members is not None else None
+    if shape is not None and host.name in shape.members and simulated_in_inventory(host.data):
+        gpus = dict(shape.node_gpus)[host.name]
+        resources = {CPU_RESOURCE: gpus}
+    return plan_ray(spec, host.name, head, address, node_ip=own_ip, num_gpus=gpus,
+                    resources=resources)  # fmt: skip
 
 
 def _ip_or_none(value: object) -> str | None:

@@ -449,3 +449,40 @@ def test_the_heads_smoke_row_says_why_no_cluster_step_runs(fleet, monkeypatch):
     ray_cluster, members = fleet()  # the demo fleet trains on one node (lab2 x 8): no row
     monkeypatch.setattr(ray_cluster, "host", members["lab1"])
     assert ray_cluster.cluster_smoke_checks(SPEC) == []
+
+
+def test_a_simulated_training_node_offers_ray_fake_gpus_and_cpu(fleet, monkeypatch):
+    """verl 0.5.0's CPU step counts GPUs and asks each node for a `cpu` resource: a simulated
+    training node's unit offers its PCI GPUs as both; a real host, a simulated head that does
+    not train and a host left out get neither."""
+    from p40fleet.verification.check import SIM_DATA
+
+    ray_cluster, members = fleet({"lab1": [P40], "lab2": [P40] * 2, "lab3": [P100]})
+    for m in members.values():
+        m.data[SIM_DATA] = True
+    got = ray_cluster.membership(SPEC)
+    assert got.shape.members == ("lab1", "lab2", "lab3")
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    plan = ray_cluster.plan_for_host(SPEC, got)
+    assert "--num-gpus=2" in plan.argv and '--resources={"cpu":2}' in plan.argv
+    assert '"--resources={\\"cpu\\":2}"' in plan.exec_start()  # one systemd word
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    head = ray_cluster.plan_for_host(SPEC, got)
+    assert head.role == "head" and '--resources={"cpu":1}' in head.argv
+    assert "--num-gpus=1" in head.argv
+    # the demo fleet, simulated: the head (lab1) does not train: no GPU, no `cpu`
+    ray_cluster, members = fleet()
+    for m in members.values():
+        m.data[SIM_DATA] = True
+    got = ray_cluster.membership(SPEC)
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    head = ray_cluster.plan_for_host(SPEC, got)
+    assert "--num-gpus=0" in head.argv and not any("--resources" in a for a in head.argv)
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    assert "--num-gpus=8" in ray_cluster.plan_for_host(SPEC, got).argv
+    # the same fleet on real hosts: Ray detects the GPUs, no custom resource
+    ray_cluster, members = fleet()
+    got = ray_cluster.membership(SPEC)
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    argv = ray_cluster.plan_for_host(SPEC, got).argv
+    assert not any(a.startswith(("--num-gpus", "--resources")) for a in argv)
