@@ -20,6 +20,7 @@ node) and the training nodes run a member; a host left out runs none. verify exp
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,9 @@ from facts.collective import CollectiveRunFact, CollectiveTargets
 from facts.conda import env_python
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
+from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets
 from facts.survey import ask
+from operations.launch import script_path as launch_script_path
 from operations.survey import survey_host
 from p40fleet.launch import ClusterShape, LaunchError, cluster_shape
 from p40fleet.ray import (
@@ -255,19 +258,43 @@ def verify_checks(spec: StackSpec) -> list[Check]:
     )
 
 
-def cluster_smoke_checks(spec: StackSpec) -> list[Check]:
-    """``verify --smoke`` on a Ray cluster: the head's ``smoke step (cluster)`` row, a SKIP that
-    says why no step with the cluster's plan runs (``smoke.cluster_skip``). Nothing on another
-    host, without a plan (``ray`` FAILs then) or with one training node (its own step is it)."""
+def cluster_smoke_checks(spec: StackSpec, checks: Sequence[Check] = ()) -> list[Check]:
+    """``verify --smoke`` on a Ray cluster: the head's ``smoke step (cluster)`` row, ONE PPO
+    step over the cluster's plan run on the head against the fleet's Ray cluster (a fact; CPU
+    with gloo on simulated hosts), or a SKIP saying why not (``checks``: the head's own, its
+    ``smoke step`` among them: ``smoke.cluster_skip``). Nothing on another host, without a
+    plan (``ray`` FAILs then) or with one training node (its own step is it)."""
     if not configured(spec):
         return []
     members = membership(spec)
     shape = members.shape
     if shape is None or host.name != members.head or shape.nnodes < 2:
         return []
-    simulated = simulated_in_inventory(host.data)
-    return [smoke.cluster_skip(simulated=simulated, members=shape.members,
-                               gpus_per_node=shape.gpus_per_node)]  # fmt: skip
+    skipped = smoke.cluster_skip(checks, members.head)
+    if skipped is not None:
+        return [skipped]
+    try:
+        timeout_s = smoke.timeout_from_data(host.data.get(smoke.SMOKE_TIMEOUT_DATA))
+    except ValueError as exc:
+        return [Check(smoke.CLUSTER_CHECK, FAIL, str(exc), "set it to whole seconds (or leave "
+                      "it out)")]  # fmt: skip
+    targets = ClusterSmokeTargets(
+        user=spec.user.name,
+        python=env_python(spec.env.conda_prefix, spec.env.name),
+        launch_script=launch_script_path(spec.user.home),
+        verl_checkout=spec.env.verl_checkout,
+        verl_ref=spec.verl.ref,
+        address=members.address,
+        head_host=_head_address(members.head, spec),
+        members=tuple((name, _member_address(name)) for name in shape.members),
+        gpus_per_node=shape.gpus_per_node,
+        timeout_s=timeout_s,
+        simulated=simulated_in_inventory(host.data),
+    )
+    run = ask(host, ClusterSmokeStep, targets=targets)
+    return [smoke.cluster_check(run, head=members.head, members=shape.members,
+                                gpus_per_node=shape.gpus_per_node,
+                                model=spec.training.model.name, timeout_s=timeout_s)]  # fmt: skip
 
 
 def _member_address(name: str) -> str:
