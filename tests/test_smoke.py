@@ -204,6 +204,30 @@ def test_script_against_a_fake_launch_script_cleans_its_scratch_dir(tmp_path):
     assert check.status == PASS and "GPU: 1 PPO step in 0.50 s" in check.detail
 
 
+def test_the_cpu_step_stops_only_its_own_ray_never_ray_stop(tmp_path):
+    """A simulated cluster member runs the fleet's raylet as the same user: the CPU step's
+    clean-up stops the processes naming its own temp dir ($S/ray) and nothing else (`ray stop`
+    would stop the member's raylet, and on the head the cluster's GCS: seen on the lab)."""
+    job = render_job(TARGETS)
+    assert '"$RAY" stop' not in job and "ray stop --force" not in job
+    functions = job.split("own_ray() {", 1)[1].split("finish() {", 1)[0]
+    scratch = tmp_path / "p40fleet-smoke.abc"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    own = subprocess.Popen([*sleeper, f"--session_dir={scratch}/ray/session_1"])
+    fleet = subprocess.Popen([*sleeper, "--session_dir=/tmp/ray/session_2", f"{scratch}/rayx"])
+    try:
+        out = subprocess.run(["sh", "-c", f'S={scratch}\nown_ray() {{{functions}\n'
+                              'own_ray; stop_own_ray; echo "left: $(own_ray)"'],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.stdout.splitlines() == [str(own.pid), "left: "], out
+        assert own.wait(timeout=20) is not None
+        assert fleet.poll() is None  # another Ray's process lives on
+    finally:
+        for proc in (own, fleet):
+            proc.kill()
+            proc.wait()
+
+
 # --- the output: PASS / FAIL / SKIP ---------------------------------------------------------
 
 CPU = smoke.smoke_overrides(simulated=True, gpus=1)
@@ -466,8 +490,7 @@ def test_the_cluster_script_runs_the_plans_overrides_against_the_cluster_never_r
     assert f"set -- {cpu}\n" in job and "trainer.nnodes=3" in job
     assert "export RAY_ADDRESS=10.0.0.1:6379 P40FLEET_RAY_ADDRESS=10.0.0.1:6379" in job
     assert "RAY_AUTH_TOKEN" in job and "IFS= read -r P40FLEET_T" in job  # the token: stdin
-    assert "ray stop" not in job.replace('"$RAY" stop', "")  # no stop as a command
-    assert '"$RAY" stop' in job and 'ray_up=""' in job and "ray_up=1" not in job  # never set
+    assert '"$RAY" stop' not in job and 'ray_up=""' in job and "ray_up=1" not in job  # never set
     assert "--head" not in job  # no private Ray
     assert vp.lab_cpu_ruleset_json("v0.5.0").rstrip("\n") in job
     assert smoke_script.CLUSTER_DRIVER.read_text().rstrip("\n") in job
