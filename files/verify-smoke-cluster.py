@@ -125,6 +125,9 @@ def clean(cfg, scratch):
         refs[names.get(ip, ip)] = task.options(
             num_cpus=0, max_retries=0, scheduling_strategy=strategy
         ).remote(scratch)
+    if not refs:
+        ray.shutdown()
+        return
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=cfg["join_s"])
     for name, ref in refs.items():
         try:

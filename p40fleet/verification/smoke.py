@@ -71,8 +71,9 @@ CHECK = "smoke step"
 CLUSTER_CHECK = "smoke step (cluster)"
 #: What was tried, what fails and how the cluster step runs.
 MULTI_NODE_DOC = "docs/multi-node-step.md"
-#: Default bound of one smoke run (ray start + main_ppo + ray stop): a cold start on a loaded
-#: 2-core lab host took about 200 s (issue 25, the CPU probe), a GPU host loads more.
+#: Default bound of one smoke run (ray start + main_ppo; its own Ray's stop comes after): a cold
+#: start on a loaded 2-core lab host took about 200 s (issue 25, the CPU probe), a GPU host
+#: loads more.
 DEFAULT_TIMEOUT_S = 600
 #: Short lengths: the step proves the loop, not the model (tokens, not minutes).
 PROMPT_LENGTH = 64
