@@ -7,7 +7,9 @@ One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inven
 (``operations.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
 lab1 plans the same cluster from the full run's record, and a full run after it changes nothing.
 ``verify --collective`` measures gloo over the lab bridge between the 3 training nodes (PASS at
-the default floor), and FAILs naming lab2 when lab2's Ray member is stopped.
+the default floor), and FAILs naming lab2 when lab2's Ray member is stopped. ``verify --limit
+lab1 --smoke`` runs the head's own step and one PPO step over the cluster's plan (3 x 1, CPU,
+gloo) on the fleet's Ray cluster, which stays up.
 """
 
 from __future__ import annotations
