@@ -7,9 +7,10 @@ addresses come from ``stack.ray`` (p40fleet/spec/pins.py). The members are the c
 (``operations.ray_cluster.membership``: the nodes that train on the most GPUs, the same plan as
 deploy/training.py's scripts, also under ``--limit``). Per host: validated spec -> plan (head
 or worker, ``ray start ... --block`` from the env; ``--num-gpus=0`` on a head that is not a
-training node) -> ``p40fleet-ray.service`` written, enabled, running; a host the plan leaves
-out runs none (an earlier unit is removed). A member already running this plan is left alone:
-a second run changes nothing.
+training node; a simulated training node offers its GPUs as fake GPUs and ``cpu`` resources,
+what verl's CPU step asks for) -> ``p40fleet-ray.service`` written, enabled, running; a host
+the plan leaves out runs none (an earlier unit is removed). A member already running this
+plan is left alone: a second run changes nothing.
 systemd restarts a member that dies and starts it at boot, so a rebooted worker rejoins.
 Check the cluster with ``python -m p40fleet.verify INVENTORY`` (ray service, cluster, GPUs).
 """

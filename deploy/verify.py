@@ -11,8 +11,9 @@ there).
 After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) and, when
 ``$P40FLEET_REPORT`` names a file, the JSON report there.
 
-With ``verify_smoke``, a Ray head of two or more training nodes also says why no step with the
-cluster's plan runs (``smoke step (cluster)``: SKIP, ``docs/multi-node-step.md``).
+With ``verify_smoke``, a Ray head of two or more training nodes also runs ONE step with the
+cluster's plan over the fleet's Ray cluster (``smoke step (cluster)``, after its own step;
+``operations.ray_cluster.cluster_smoke_checks``, ``docs/multi-node-step.md``).
 With ``verify_collective`` in the host data, the Ray head also runs one all-reduce over the
 cluster's training nodes (``operations.ray_cluster.collective_checks``).
 
@@ -128,7 +129,7 @@ def _entry_for_this_host() -> dict:
         return _refuse([(r.step, r.reason, r.remedy) for r in refusals])
     checks = verify_host(spec) + ray_cluster.verify_checks(spec)
     if smoke.requested(host.data.get(smoke.SMOKE_DATA)):
-        checks += ray_cluster.cluster_smoke_checks(spec)  # the head: why no cluster step runs
+        checks += ray_cluster.cluster_smoke_checks(spec, checks)  # the head: one cluster step
     if collective.requested(host.data.get(collective.COLLECTIVE_DATA)):
         checks += ray_cluster.collective_checks(spec)  # on the head: one per node + the group
     failed = [c for c in checks if c.status == FAIL]

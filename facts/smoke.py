@@ -5,6 +5,8 @@ training user (``p40fleet.privdrop``), root only tests whether the host is simul
 changes nothing the user owns (its scratch directory in /tmp is made and removed by the user)
 and always exits 0: what happened is in the answer, which ``p40fleet.verification.smoke`` turns
 into the ``smoke step`` check. Asked only by ``deploy/verify.py`` with ``verify_smoke`` set.
+:class:`ClusterSmokeStep`: the Ray head's one step over the cluster's plan (the same template,
+root's cluster token on the user's stdin as the collective check hands it; never `ray stop`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,28 @@ from typing_extensions import override
 from facts.survey import one_write
 from facts.verify import SIMULATED_HOST_TEST
 from p40fleet.privdrop import AS_USER_FN
+from p40fleet.ray import TOKEN_FILE
 from p40fleet.verification import smoke
-from p40fleet.verification.smoke_script import RAY_PORT, SMOKE_TEMPLATE, SmokeTargets, render_job
+from p40fleet.verification.smoke_script import (
+    RAY_PORT,
+    SMOKE_TEMPLATE,
+    ClusterSmokeTargets,
+    SmokeTargets,
+    render_cluster_job,
+    render_job,
+)
 
-__all__ = ["RAY_PORT", "SMOKE_TEMPLATE", "SmokeStep", "SmokeTargets", "render_job", "render_smoke"]
+__all__ = [
+    "RAY_PORT",
+    "SMOKE_TEMPLATE",
+    "ClusterSmokeStep",
+    "ClusterSmokeTargets",
+    "SmokeStep",
+    "SmokeTargets",
+    "render_cluster_smoke",
+    "render_job",
+    "render_smoke",
+]
 
 
 #: Seconds the job may take besides the training step's own limit (a CPU Ray's start and stop,
@@ -50,6 +70,30 @@ def render_smoke(targets: SmokeTargets) -> str:
     )
 
 
+def render_cluster_smoke(targets: ClusterSmokeTargets) -> str:
+    """The Ray head's command: root tests whether the head is simulated (only where the
+    inventory says so) and opens its cluster token file for the user's stdin (root:root 0600,
+    never a link); the training user runs the job."""
+    if not targets.user:
+        raise ValueError("no training user given: the cluster smoke step never runs as root")
+    u, token = shlex.quote(targets.user), shlex.quote(TOKEN_FILE)
+    sim = (
+        f"if {SIMULATED_HOST_TEST}; then p40fleet_sim=yes; else p40fleet_sim=no; fi"
+        if targets.simulated
+        else "p40fleet_sim=no"
+    )
+    return (
+        f"{AS_USER_FN}\n"
+        f"{sim}\n"
+        f"if [ -f {token} ] && [ ! -L {token} ]; then p40fleet_tk={token}; "
+        "else p40fleet_tk=/dev/null; fi\n"
+        f"if id -u {u} >/dev/null 2>&1; then "
+        f"p40fleet_ask {int(targets.timeout_s) + SETUP_S} {u} "
+        f'sh -c {shlex.quote(render_cluster_job(targets))} sh "$p40fleet_sim" <"$p40fleet_tk"; '
+        f"else echo '@@p40fleet-smoke 1'; echo 'launch=absent'; echo '@@end'; fi; true"
+    )
+
+
 class SmokeStep(FactBase[smoke.SmokeRun]):
     """
     Returns what one PPO smoke step through the host's ~/launch-ppo.sh said (``SmokeRun``).
@@ -64,6 +108,28 @@ class SmokeStep(FactBase[smoke.SmokeRun]):
     @override
     def command(self, targets: SmokeTargets) -> str:
         return one_write(render_smoke(SmokeTargets(*targets))).get_raw_value()
+
+    @override
+    def process(self, output: list[str]) -> smoke.SmokeRun:
+        return smoke.parse_smoke(output)
+
+
+class ClusterSmokeStep(FactBase[smoke.SmokeRun]):
+    """
+    Returns what one PPO step over the Ray cluster's plan, run on the head, said
+    (``SmokeRun``). Runs minutes; never fails the host.
+    """
+
+    @staticmethod
+    @override
+    def default() -> smoke.SmokeRun:
+        return smoke.SmokeRun()
+
+    @override
+    def command(self, targets: ClusterSmokeTargets) -> str:
+        t = ClusterSmokeTargets(*targets)
+        t = t._replace(members=tuple(tuple(m) for m in t.members))
+        return one_write(render_cluster_smoke(t)).get_raw_value()
 
     @override
     def process(self, output: list[str]) -> smoke.SmokeRun:

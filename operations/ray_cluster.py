@@ -20,6 +20,7 @@ node) and the training nodes run a member; a host left out runs none. verify exp
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,9 @@ from facts.collective import CollectiveRunFact, CollectiveTargets
 from facts.conda import env_python
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
+from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets
 from facts.survey import ask
+from operations.launch import script_path as launch_script_path
 from operations.survey import survey_host
 from p40fleet.launch import ClusterShape, LaunchError, cluster_shape
 from p40fleet.ray import (
@@ -186,14 +189,30 @@ def configured(spec: StackSpec) -> bool:
     return spec.ray.head is not None or bool(head_group())
 
 
+#: The custom resource verl 0.5.0's CPU step asks every node's placement group for (a resource
+#: named after the device: single_controller/ray/base.py:110-117); its GPU count
+#: (ray_trainer.py:119-135) is met by as many fake GPUs.
+CPU_RESOURCE = "cpu"
+
+
 def plan_for_host(spec: StackSpec, members: Membership | None = None) -> RayPlan:
     """This host's plan; raises :class:`p40fleet.ray.RayError` when no head can be chosen.
-    ``members``: the run's membership; a head that is not a training node offers Ray no GPU."""
+    ``members``: the run's membership; a head that is not a training node offers Ray no GPU.
+    A training node the inventory marks simulated (no GPU for Ray to detect) offers its PCI
+    GPUs as fake GPUs and as many ``cpu`` resources, so the cluster's CPU smoke step
+    (``verify --smoke``, gloo) can place one worker per GPU on it; a real host offers what
+    Ray detects."""
     head = choose_head(spec, head_group(), (h.name for h in inventory))
     address = _head_address(head, spec)
     own_ip = _ip_or_none(host.data.get("ssh_hostname"))
     gpus = 0 if members is not None and host.name == head and not members.trains(head) else None
-    return plan_ray(spec, host.name, head, address, node_ip=own_ip, num_gpus=gpus)
+    resources = None
+    shape = members.shape if members is not None else None
+    if shape is not None and host.name in shape.members and simulated_in_inventory(host.data):
+        gpus = dict(shape.node_gpus)[host.name]
+        resources = {CPU_RESOURCE: gpus}
+    return plan_ray(spec, host.name, head, address, node_ip=own_ip, num_gpus=gpus,
+                    resources=resources)  # fmt: skip
 
 
 def _ip_or_none(value: object) -> str | None:
@@ -239,19 +258,43 @@ def verify_checks(spec: StackSpec) -> list[Check]:
     )
 
 
-def cluster_smoke_checks(spec: StackSpec) -> list[Check]:
-    """``verify --smoke`` on a Ray cluster: the head's ``smoke step (cluster)`` row, a SKIP that
-    says why no step with the cluster's plan runs (``smoke.cluster_skip``). Nothing on another
-    host, without a plan (``ray`` FAILs then) or with one training node (its own step is it)."""
+def cluster_smoke_checks(spec: StackSpec, checks: Sequence[Check] = ()) -> list[Check]:
+    """``verify --smoke`` on a Ray cluster: the head's ``smoke step (cluster)`` row, ONE PPO
+    step over the cluster's plan run on the head against the fleet's Ray cluster (a fact; CPU
+    with gloo on simulated hosts), or a SKIP saying why not (``checks``: the head's own, its
+    ``smoke step`` among them: ``smoke.cluster_skip``). Nothing on another host, without a
+    plan (``ray`` FAILs then) or with one training node (its own step is it)."""
     if not configured(spec):
         return []
     members = membership(spec)
     shape = members.shape
     if shape is None or host.name != members.head or shape.nnodes < 2:
         return []
-    simulated = simulated_in_inventory(host.data)
-    return [smoke.cluster_skip(simulated=simulated, members=shape.members,
-                               gpus_per_node=shape.gpus_per_node)]  # fmt: skip
+    skipped = smoke.cluster_skip(checks, members.head)
+    if skipped is not None:
+        return [skipped]
+    try:
+        timeout_s = smoke.timeout_from_data(host.data.get(smoke.SMOKE_TIMEOUT_DATA))
+    except ValueError as exc:
+        return [Check(smoke.CLUSTER_CHECK, FAIL, str(exc), "set it to whole seconds (or leave "
+                      "it out)")]  # fmt: skip
+    targets = ClusterSmokeTargets(
+        user=spec.user.name,
+        python=env_python(spec.env.conda_prefix, spec.env.name),
+        launch_script=launch_script_path(spec.user.home),
+        verl_checkout=spec.env.verl_checkout,
+        verl_ref=spec.verl.ref,
+        address=members.address,
+        head_host=_head_address(members.head, spec),
+        members=tuple((name, _member_address(name)) for name in shape.members),
+        gpus_per_node=shape.gpus_per_node,
+        timeout_s=timeout_s,
+        simulated=simulated_in_inventory(host.data),
+    )
+    run = ask(host, ClusterSmokeStep, targets=targets)
+    return [smoke.cluster_check(run, head=members.head, members=shape.members,
+                                gpus_per_node=shape.gpus_per_node,
+                                model=spec.training.model.name, timeout_s=timeout_s)]  # fmt: skip
 
 
 def _member_address(name: str) -> str:

@@ -168,6 +168,7 @@ def plan_ray(
     head_address: str,
     node_ip: str | None = None,
     num_gpus: int | None = None,
+    resources: Mapping[str, int] | None = None,
 ) -> RayPlan:
     """The plan for ``host_name`` in the cluster headed by ``head`` (reached at head_address).
 
@@ -176,6 +177,9 @@ def plan_ray(
     network, not whichever address it would pick itself.
     ``num_gpus``: ``--num-gpus`` (0 on a head that is not a training node: Ray then places
     no training worker on its GPUs, which its own launch script uses alone).
+    ``resources``: Ray's custom resources (``--resources``, compact JSON): a simulated training
+    node offers ``{"cpu": <its GPUs>}`` with as many fake GPUs, what verl 0.5.0's CPU step
+    asks a node for (``operations.ray_cluster.plan_for_host``).
     """
     ray = spec.ray
     address = host_port(head_address, ray.port)
@@ -192,6 +196,9 @@ def plan_ray(
         argv.append(f"--node-ip-address={node_ip}")
     if num_gpus is not None:
         argv.append(f"--num-gpus={num_gpus}")
+    if resources:
+        offered = json.dumps(dict(sorted(resources.items())), separators=(",", ":"))
+        argv.append(f"--resources={offered}")
     if host_name == head:
         argv.append(f"--include-dashboard={'true' if ray.dashboard else 'false'}")
         if ray.dashboard:

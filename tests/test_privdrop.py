@@ -23,7 +23,7 @@ from pyinfra.facts.server import Users
 
 from facts.collective import CollectiveRunFact, CollectiveTargets
 from facts.conda import EnvPython
-from facts.smoke import SmokeStep, SmokeTargets
+from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets, SmokeStep, SmokeTargets
 from facts.verify import VerifyProbe, render_probe
 from operations import apex, conda, torch, training, training_user, verl
 from p40fleet.privdrop import AS_USER_FN, as_user_script
@@ -81,6 +81,11 @@ def _under_home_args(cls: type[FactBase]) -> dict:
         return {"targets": CollectiveTargets(**dict(args, store_host="10.0.0.1", port=29500,
                                                     members=(("a", "10.0.0.2"),),
                                                     timeout_s=180))}  # fmt: skip
+    if cls is ClusterSmokeStep:  # the smoke step's paths, plus the cluster
+        return {"targets": ClusterSmokeTargets(**dict(args, head_host="10.0.0.1",
+                                                      members=(("a", "10.0.0.1"),
+                                                               ("b", "10.0.0.2")),
+                                                      gpus_per_node=1, timeout_s=600))}  # fmt: skip
     return args
 
 
@@ -92,6 +97,9 @@ def _command_params(cls: type[FactBase]) -> set[str]:
         return set(SmokeTargets._fields) - {"gpus", "timeout_s"}
     if cls is CollectiveRunFact:
         return set(CollectiveTargets._fields) - {"store_host", "port", "members", "timeout_s"}
+    if cls is ClusterSmokeStep:
+        return set(ClusterSmokeTargets._fields) - {"head_host", "members", "gpus_per_node",
+                                                    "timeout_s"}  # fmt: skip
     return set(inspect.signature(cls.command).parameters) - {"self"}
 
 
@@ -118,7 +126,7 @@ def test_every_fact_that_takes_a_home_path_runs_as_the_training_user():
         assert _wrapped(command), f"{cls.__name__} touches {HOME} outside the privilege drop"
         checked.append(cls.__name__)
     assert {"CondaInstall", "EnvPython", "GitCheckout", "RayStatus", "ModelConfig",
-            "CollectiveRunFact"} <= set(checked)  # fmt: skip
+            "CollectiveRunFact", "ClusterSmokeStep"} <= set(checked)  # fmt: skip
 
 
 def test_no_fact_runs_without_a_user():
@@ -383,7 +391,7 @@ def test_no_fact_runs_a_user_program_without_the_bounds():
         assert "p40fleet_ask" in code, cls.__name__
         dropped.append(cls.__name__)
     assert {"EnvPython", "EnvDistributions", "GitCheckout", "RayStatus", "SmokeStep",
-            "VerifyProbe", "UserFile"} <= set(dropped)  # fmt: skip
+            "ClusterSmokeStep", "VerifyProbe", "UserFile"} <= set(dropped)  # fmt: skip
 
 
 #: An executable the training user controls (a conda, a python, a ray) that prints 50 MB and
@@ -434,7 +442,7 @@ def test_a_user_program_that_floods_and_holds_the_pipe_is_cut_and_ended(open_tmp
     unit.write_text("[Unit]\n")
     walked = []
     for cls in _project_facts():
-        if cls.__name__ in ("VerifyProbe", "SmokeStep"):
+        if cls.__name__ in ("VerifyProbe", "SmokeStep", "ClusterSmokeStep"):
             continue  # their own tests below and in tests/test_smoke.py
         base = open_tmp / cls.__name__
         args = _flooders(base, cls)

@@ -425,27 +425,114 @@ def test_the_collective_runs_on_the_head_over_the_training_nodes(fleet, monkeypa
     assert skip.status == "SKIP" and "runs on the Ray head lab1" in skip.detail
 
 
-def test_the_heads_smoke_row_says_why_no_cluster_step_runs(fleet, monkeypatch):
-    """verify --smoke on a cluster of 2+ training nodes: the head (only) carries one
-    ``smoke step (cluster)`` SKIP naming the plan; simulated hosts get the measured reason."""
-    from p40fleet.verification.check import SIM_DATA
+def test_the_head_runs_one_step_over_the_clusters_plan(fleet, monkeypatch):
+    """verify --smoke on a cluster of 2+ training nodes: the head (only) asks one cluster step
+    (the plan's members and addresses, its GPUs per node, the cluster's GCS address), after its
+    own checks passed; a head whose own step or Ray check failed SKIPs it; another member and a
+    fleet that trains on one node add nothing."""
+    from facts.smoke import ClusterSmokeStep
+    from p40fleet.verification import smoke
+    from p40fleet.verification.check import PASS, SIM_DATA, Check
 
     three = {"lab1": [P40], "lab2": [P40], "lab3": [P100]}  # 3 nodes x 1 GPU train
     ray_cluster, members = fleet(three)
+    head = members["lab1"]
     for m in members.values():
         m.data[SIM_DATA] = True
-    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
-    (row,) = ray_cluster.cluster_smoke_checks(SPEC)
-    assert (row.name, row.status) == ("smoke step (cluster)", "SKIP")
-    assert "not run on simulated hosts: the cluster's plan 3 node(s) x 1 GPU(s) (lab1, lab2, " \
-        "lab3)" in row.detail  # fmt: skip
+    asked = []
+    answer = [
+        "@@p40fleet-smoke 1",
+        "sim=yes",
+        "cluster=yes",
+        "scratch_rc=0",
+        "patch_rc=0",
+        "@@node lab1 10.0.0.1",
+        "@@node lab2 10.0.0.2",
+        "@@node lab3 10.0.0.3",
+        "cluster_rc=0",
+        "rc=0",
+        "timed_out=no",
+        "run_s=61",
+        "@@step (TaskRunner pid=7) step:1 - training/global_step:1 - timing_s/step:1.2",
+        "@@worker 10.0.0.2",
+        "@@worker 10.0.0.3",
+        "@@worker local",
+        "left=",
+        "@@end",
+    ]
+
+    def get_fact(cls, **kwargs):
+        if cls is ClusterSmokeStep:
+            asked.append(kwargs["targets"])
+            return smoke.parse_smoke(answer)
+        return _Member.get_fact(head, cls, **kwargs)
+
+    monkeypatch.setattr(head, "get_fact", get_fact)
+    monkeypatch.setattr(ray_cluster, "host", head)
+    own = [Check("ray cluster", PASS, "3/3 nodes active"), Check(smoke.CHECK, PASS, "CPU: 1 step")]
+    (row,) = ray_cluster.cluster_smoke_checks(SPEC, own)
+    (targets,) = asked
+    assert targets.members == (("lab1", "10.0.0.1"), ("lab2", "10.0.0.2"), ("lab3", "10.0.0.3"))
+    assert (targets.address, targets.head_host, targets.gpus_per_node) == (
+        "10.0.0.1:6379",
+        "10.0.0.1",
+        1,
+    )
+    assert targets.simulated and targets.user == SPEC.user.name
+    assert targets.launch_script == f"{SPEC.user.home}/launch-ppo.sh"
+    assert (row.name, row.status) == ("smoke step (cluster)", "PASS"), row
+    assert row.detail.startswith(
+        "CPU (simulated host): 1 PPO step over 3 node(s) x 1 GPU(s) (lab1, lab2, lab3) in 1.20 s"
+    )
+    assert row.detail.endswith("run 61 s; workers on 3 node(s) (lab1, lab2, lab3)")
+    # the head's own step failed: SKIP, nothing asked
+    failed = [own[0], Check(smoke.CHECK, "FAIL", "launch script exit 1")]
+    (skip,) = ray_cluster.cluster_smoke_checks(SPEC, failed)
+    assert skip.status == "SKIP" and "own `smoke step` did not pass" in skip.detail
+    down = [Check("ray cluster", "FAIL", "2/3 nodes active"), own[1]]
+    (skip,) = ray_cluster.cluster_smoke_checks(SPEC, down)
+    assert skip.detail == "not run: the head lab1 fails ray cluster"
+    assert len(asked) == 1
     for name in ("lab2", "lab3"):  # the members add nothing
         monkeypatch.setattr(ray_cluster, "host", members[name])
-        assert ray_cluster.cluster_smoke_checks(SPEC) == []
-    ray_cluster, members = fleet({"lab1": [P40] * 2, "lab2": [P40] * 2})  # GPU hosts: 2 x 2
-    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
-    (row,) = ray_cluster.cluster_smoke_checks(SPEC)
-    assert row.status == "SKIP" and "2 node(s) x 2 GPU(s) (lab1, lab2) is not built" in row.detail
+        assert ray_cluster.cluster_smoke_checks(SPEC, own) == []
     ray_cluster, members = fleet()  # the demo fleet trains on one node (lab2 x 8): no row
     monkeypatch.setattr(ray_cluster, "host", members["lab1"])
-    assert ray_cluster.cluster_smoke_checks(SPEC) == []
+    assert ray_cluster.cluster_smoke_checks(SPEC, own) == []
+
+
+def test_a_simulated_training_node_offers_ray_fake_gpus_and_cpu(fleet, monkeypatch):
+    """verl 0.5.0's CPU step counts GPUs and asks each node for a `cpu` resource: a simulated
+    training node's unit offers its PCI GPUs as both; a real host, a simulated head that does
+    not train and a host left out get neither."""
+    from p40fleet.verification.check import SIM_DATA
+
+    ray_cluster, members = fleet({"lab1": [P40], "lab2": [P40] * 2, "lab3": [P100]})
+    for m in members.values():
+        m.data[SIM_DATA] = True
+    got = ray_cluster.membership(SPEC)
+    assert got.shape.members == ("lab1", "lab2", "lab3")
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    plan = ray_cluster.plan_for_host(SPEC, got)
+    assert "--num-gpus=2" in plan.argv and '--resources={"cpu":2}' in plan.argv
+    assert '"--resources={\\"cpu\\":2}"' in plan.exec_start()  # one systemd word
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    head = ray_cluster.plan_for_host(SPEC, got)
+    assert head.role == "head" and '--resources={"cpu":1}' in head.argv
+    assert "--num-gpus=1" in head.argv
+    # the demo fleet, simulated: the head (lab1) does not train: no GPU, no `cpu`
+    ray_cluster, members = fleet()
+    for m in members.values():
+        m.data[SIM_DATA] = True
+    got = ray_cluster.membership(SPEC)
+    monkeypatch.setattr(ray_cluster, "host", members["lab1"])
+    head = ray_cluster.plan_for_host(SPEC, got)
+    assert "--num-gpus=0" in head.argv and not any("--resources" in a for a in head.argv)
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    assert "--num-gpus=8" in ray_cluster.plan_for_host(SPEC, got).argv
+    # the same fleet on real hosts: Ray detects the GPUs, no custom resource
+    ray_cluster, members = fleet()
+    got = ray_cluster.membership(SPEC)
+    monkeypatch.setattr(ray_cluster, "host", members["lab2"])
+    argv = ray_cluster.plan_for_host(SPEC, got).argv
+    assert not any(a.startswith(("--num-gpus", "--resources")) for a in argv)

@@ -16,13 +16,21 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from facts.smoke import RAY_PORT, SmokeTargets, render_job, render_smoke
+from facts.smoke import (
+    RAY_PORT,
+    ClusterSmokeTargets,
+    SmokeTargets,
+    render_cluster_smoke,
+    render_job,
+    render_smoke,
+)
 from p40fleet import verify_cli
 from p40fleet import verl_patches as vp
 from p40fleet.launch import plan_launch
 from p40fleet.spec import load_spec
-from p40fleet.verification import smoke
+from p40fleet.verification import smoke, smoke_script
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check
+from p40fleet.verification.smoke_script import render_cluster_job
 from tests.verl_checks import verl_failures
 from tests.verl_sdist import extract_verl
 
@@ -194,6 +202,30 @@ def test_script_against_a_fake_launch_script_cleans_its_scratch_dir(tmp_path):
     check = smoke.smoke_check(run, model="m", overrides=smoke.smoke_overrides(simulated=False,
                                                                                gpus=4))  # fmt: skip
     assert check.status == PASS and "GPU: 1 PPO step in 0.50 s" in check.detail
+
+
+def test_the_cpu_step_stops_only_its_own_ray_never_ray_stop(tmp_path):
+    """A simulated cluster member runs the fleet's raylet as the same user: the CPU step's
+    clean-up stops the processes naming its own temp dir ($S/ray) and nothing else (`ray stop`
+    would stop the member's raylet, and on the head the cluster's GCS: seen on the lab)."""
+    job = render_job(TARGETS)
+    assert '"$RAY" stop' not in job and "ray stop --force" not in job
+    functions = job.split("own_ray() {", 1)[1].split("finish() {", 1)[0]
+    scratch = tmp_path / "p40fleet-smoke.abc"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    own = subprocess.Popen([*sleeper, f"--session_dir={scratch}/ray/session_1"])
+    fleet = subprocess.Popen([*sleeper, "--session_dir=/tmp/ray/session_2", f"{scratch}/rayx"])
+    try:
+        out = subprocess.run(["sh", "-c", f'S={scratch}\nown_ray() {{{functions}\n'
+                              'own_ray; stop_own_ray; echo "left: $(own_ray)"'],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.stdout.splitlines() == [str(own.pid), "left: "], out
+        assert own.wait(timeout=20) is not None
+        assert fleet.poll() is None  # another Ray's process lives on
+    finally:
+        for proc in (own, fleet):
+            proc.kill()
+            proc.wait()
 
 
 # --- the output: PASS / FAIL / SKIP ---------------------------------------------------------
@@ -399,28 +431,359 @@ def test_the_cpu_step_names_its_ray_to_a_left_out_hosts_launch_script():
     assert "export RAY_ADDRESS=auto P40FLEET_RAY_ADDRESS=auto" in cpu_branch
 
 
-# --- the cluster's step (issue 25, section 4): not run, and the head says why ---------------
+# --- the cluster's step (issue 25, section 4): one step over the cluster's plan ------------
+
+CLUSTER = ClusterSmokeTargets(
+    user="verl",
+    python="/home/verl/miniconda3/envs/verl-p40/bin/python",
+    launch_script="/home/verl/launch-ppo.sh",
+    verl_checkout="/home/verl/verl",
+    verl_ref="v0.5.0",
+    address="10.0.0.1:6379",
+    head_host="10.0.0.1",
+    members=(("lab1", "10.0.0.1"), ("lab2", "10.0.0.2"), ("lab3", "10.0.0.3")),
+    gpus_per_node=1,
+    timeout_s=600,
+    simulated=True,
+)
 
 
-def test_the_cluster_row_on_simulated_hosts_says_what_fails_and_where_it_is_measured():
-    check = smoke.cluster_skip(simulated=True, members=("lab1", "lab2", "lab3"), gpus_per_node=1)
-    assert (check.name, check.status) == ("smoke step (cluster)", "SKIP")
-    assert check.detail.startswith("not run on simulated hosts: the cluster's plan 3 node(s) x "
-                                   "1 GPU(s) (lab1, lab2, lab3)")  # fmt: skip
-    # the two obstacles, each with verl's file:line and its error text
-    assert "ray_trainer.py:133: Total available GPUs 0 is less than total desired GPUs" in (
-        check.detail
+def test_cluster_overrides_are_the_plans_nodes_and_gpus_one_sample_per_worker():
+    o = keyed(smoke.cluster_overrides(simulated=True, nnodes=3, gpus_per_node=1))
+    assert (o["trainer.nnodes"], o["trainer.n_gpus_per_node"], o["trainer.device"]) == (
+        "3",
+        "1",
+        "cpu",
     )
-    assert "fsdp_workers.py:122 (No available nccl backend found on device type cpu)" in (
-        check.detail
+    assert o["data.train_batch_size"] == o["actor_rollout_ref.actor.ppo_mini_batch_size"] == "3"
+    g = keyed(smoke.cluster_overrides(simulated=False, nnodes=2, gpus_per_node=4))
+    assert (g["trainer.nnodes"], g["trainer.n_gpus_per_node"], g["data.train_batch_size"]) == (
+        "2",
+        "4",
+        "8",
     )
-    assert "span 2 lab hosts with gloo over a Ray that offers both" in check.detail
-    assert smoke.MULTI_NODE_DOC in check.detail and "`smoke step` is the proof" in check.detail
-    assert (Path(__file__).parents[1] / smoke.MULTI_NODE_DOC).is_file()
+    assert "trainer.device" not in g
+    # the single-host step is unchanged: one node
+    assert keyed(smoke.smoke_overrides(simulated=False, gpus=4))["trainer.nnodes"] == "1"
 
 
-def test_the_cluster_row_on_gpu_hosts_says_the_step_is_not_built():
-    check = smoke.cluster_skip(simulated=False, members=("gpu1", "gpu2"), gpus_per_node=8)
-    assert (check.name, check.status) == ("smoke step (cluster)", "SKIP")
-    assert "2 node(s) x 8 GPU(s) (gpu1, gpu2) is not built into --smoke" in check.detail
-    assert "simulated" not in check.detail
+@pytest.mark.parametrize("nnodes,per_node,simulated", [(2, 1, True), (3, 1, True), (2, 4, False)])
+def test_launch_plan_plus_cluster_overrides_pass_verls_checks(
+    config_dir, nnodes, per_node, simulated
+):
+    plan = plan_launch(SPEC, [P40] * per_node)
+    extra = smoke.cluster_overrides(
+        simulated=simulated, nnodes=nnodes, gpus_per_node=per_node, scratch="/tmp/s"
+    )
+    cfg = composed(config_dir, [*plan.overrides, *extra])
+    assert verl_failures(cfg, val_rows=1) == []
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (nnodes, per_node)
+    assert cfg.data.train_batch_size == nnodes * per_node
+
+
+def test_the_cluster_script_runs_the_plans_overrides_against_the_cluster_never_ray_stop():
+    job = render_cluster_job(CLUSTER)
+    cpu = " ".join(
+        smoke.shell_word(o)
+        for o in smoke.cluster_overrides(simulated=True, nnodes=3, gpus_per_node=1)
+    )
+    assert f"set -- {cpu}\n" in job and "trainer.nnodes=3" in job
+    assert "export RAY_ADDRESS=10.0.0.1:6379 P40FLEET_RAY_ADDRESS=10.0.0.1:6379" in job
+    assert "RAY_AUTH_TOKEN" in job and "IFS= read -r P40FLEET_T" in job  # the token: stdin
+    assert '"$RAY" stop' not in job and 'ray_up=""' in job and "ray_up=1" not in job  # never set
+    assert "--head" not in job  # no private Ray
+    assert vp.lab_cpu_ruleset_json("v0.5.0").rstrip("\n") in job
+    assert smoke_script.CLUSTER_DRIVER.read_text().rstrip("\n") in job
+    config = json.loads(job.split('> "$S/cluster.json"\n', 1)[1].split("\nP40FLEET", 1)[0])
+    assert config["members"] == [list(m) for m in CLUSTER.members]
+    assert (config["address"], config["head_host"], config["gpus_per_node"]) == (
+        "10.0.0.1:6379",
+        "10.0.0.1",
+        1,
+    )
+    assert subprocess.run(["sh", "-n", "-c", job]).returncode == 0
+    # the single-host script is not the cluster's: it starts and stops its own Ray
+    single = render_job(TARGETS)
+    assert "cluster.py" not in single and "ray_up=1" in single and "RAY_AUTH_TOKEN" not in single
+    with pytest.raises(ValueError, match="2 or more members"):
+        render_cluster_job(CLUSTER._replace(members=CLUSTER.members[:1]))
+
+
+def test_the_cluster_step_runs_as_the_training_user_with_roots_token_on_stdin():
+    from p40fleet.ray import TOKEN_FILE
+
+    full = render_cluster_smoke(CLUSTER)
+    assert len(re.findall(r"p40fleet_ask \d+ verl sh -c", full)) == 1
+    assert full.endswith(
+        'sh "$p40fleet_sim" <"$p40fleet_tk"; else echo \'@@p40fleet-smoke 1\'; '
+        "echo 'launch=absent'; echo '@@end'; fi; true"
+    )
+    assert (
+        f"if [ -f {TOKEN_FILE} ] && [ ! -L {TOKEN_FILE} ]; then p40fleet_tk={TOKEN_FILE}; "
+        "else p40fleet_tk=/dev/null; fi" in full
+    )
+    assert subprocess.run(["sh", "-n", "-c", full]).returncode == 0
+    assert "p40fleet_sim=no\n" in render_cluster_smoke(CLUSTER._replace(simulated=False))
+    with pytest.raises(ValueError, match="never runs as root"):
+        render_cluster_smoke(CLUSTER._replace(user=""))
+
+
+FAKE_RAY = """
+import json, os
+_LOG = os.environ["FAKE_RAY_LOG"]
+def _say(*w):
+    open(_LOG, "a").write(" ".join(str(x) for x in w) + "\\n")
+def init(**kw):
+    _say("init", kw.get("address"), kw.get("_node_ip_address"), os.environ.get("RAY_AUTH_TOKEN"),
+         "jobcfg" if "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ else "-")
+def nodes():
+    return json.loads(os.environ["FAKE_RAY_NODES"])
+def shutdown():
+    pass
+class _Remote:
+    def __init__(self, fn):
+        self.fn = fn
+    def options(self, **kw):
+        self.kw = kw
+        return self
+    def remote(self, *args):
+        _say("task", self.kw["scheduling_strategy"].node_id, *args)
+        return self.fn(*args)
+def remote(fn):
+    return _Remote(fn)
+def wait(refs, num_returns, timeout):
+    return refs, []
+def get(ref):
+    return ref
+"""
+
+
+def fake_ray(tmp_path: Path, alive: list[tuple[str, float, float]]) -> dict[str, str]:
+    """A stand-in ``ray`` package (init, nodes, remote tasks run in place) and its env."""
+    pkg = tmp_path / "fake" / "ray"
+    (pkg / "util").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(FAKE_RAY)
+    (pkg / "util" / "__init__.py").write_text("")
+    (pkg / "util" / "scheduling_strategies.py").write_text(
+        "class NodeAffinitySchedulingStrategy:\n"
+        "    def __init__(self, node_id, soft):\n"
+        "        self.node_id = node_id\n"
+    )
+    nodes = [
+        {
+            "NodeManagerAddress": ip,
+            "NodeID": f"id-{ip}",
+            "Alive": True,
+            "Resources": {"CPU": 2.0, "GPU": gpu, "cpu": cpu},
+        }
+        for ip, gpu, cpu in alive
+    ]
+    return {
+        "PYTHONPATH": str(tmp_path / "fake"),
+        "FAKE_RAY_NODES": json.dumps(nodes),
+        "FAKE_RAY_LOG": str(tmp_path / "ray.log"),
+        "PATH": "/usr/bin:/bin",
+    }
+
+
+def fake_launch(tmp_path: Path) -> Path:
+    launch = tmp_path / "launch-ppo.sh"
+    launch.write_text(
+        "#!/bin/sh\n"
+        'echo "args: $*"\n'
+        'echo "addr: $RAY_ADDRESS $P40FLEET_RAY_ADDRESS"\n'
+        'echo "job: $RAY_JOB_CONFIG_JSON_ENV_VAR"\n'
+        'mkdir -p "$HF_HOME"\n'
+        'echo "(WorkerDict pid=11) loading"\n'
+        'echo "(WorkerDict pid=12, ip=127.0.0.2) loading"\n'
+        'echo "(WorkerDict pid=13, ip=127.0.0.3) loading"\n'
+        'echo "(WorkerDict pid=14, ip=127.0.0.3) more"\n'
+        'echo "(TaskRunner pid=7) step:1 - training/global_step:1 - timing_s/step:0.9"\n'
+        "exit 0\n"
+    )
+    launch.chmod(0o755)
+    return launch
+
+
+LOCAL = (("lab1", "127.0.0.1"), ("lab2", "127.0.0.2"), ("lab3", "127.0.0.3"))
+
+
+def test_the_cluster_script_against_a_fake_ray_and_launch_script_passes_and_cleans(tmp_path):
+    """The cluster job, run here (GPU path) with a stand-in ray package and launch script: the
+    helper finds every member alive with its GPUs, the job's runtime env reaches the launch
+    script with the cluster's address, the members' scratch path is removed through one task
+    per other node, the head's own scratch dir is gone, and the row PASSes with the nodes verl's
+    workers logged from."""
+    env = fake_ray(tmp_path, [("127.0.0.1", 1, 0), ("127.0.0.2", 1, 0), ("127.0.0.3", 1, 0)])
+    targets = CLUSTER._replace(
+        launch_script=str(fake_launch(tmp_path)),
+        python=sys.executable,
+        head_host="127.0.0.1",
+        members=LOCAL,
+    )
+    job = render_cluster_job(targets)
+    out = subprocess.run(
+        ["sh", "-c", job, "sh", "no"],
+        capture_output=True,
+        text=True,
+        env=env,
+        input="RAY_AUTH_TOKEN=abc123\n",
+    )
+    run = smoke.parse_smoke(out.stdout.splitlines())
+    assert run.complete and run.values["rc"] == "0" and run.values["cluster_rc"] == "0", out
+    assert run.nodes == LOCAL and run.missing == () and run.left == ()
+    assert run.workers == ("127.0.0.2", "127.0.0.3", "local")
+    args = next(line for line in run.log if line.startswith("args: "))
+    assert "trainer.nnodes=3" in args and "trainer.device" not in args  # the GPU path
+    assert (
+        next(ln for ln in run.log if ln.startswith("addr: ")) == "addr: 10.0.0.1:6379 10.0.0.1:6379"
+    )
+    scratch = args.split("hydra.run.dir=", 1)[1].split("/hydra")[0]
+    job_cfg = json.loads(next(ln for ln in run.log if ln.startswith("job: "))[5:])
+    assert job_cfg["runtime_env"]["env_vars"]["HF_HOME"] == f"{scratch}/hf"
+    assert "py_modules" not in job_cfg["runtime_env"]  # GPU hosts: each node's own ~/verl
+    assert not Path(scratch).exists()
+    calls = (tmp_path / "ray.log").read_text().splitlines()
+    assert calls[0] == "init 10.0.0.1:6379 127.0.0.1 abc123 -"  # the token, the head's address
+    tasks = [c for c in calls if c.startswith("task ")]
+    assert tasks == [f"task id-127.0.0.2 {scratch}", f"task id-127.0.0.3 {scratch}"]
+    assert all(c.endswith(" -") for c in calls if c.startswith("init"))  # no job env re-sent
+    check = smoke.cluster_check(
+        run, head="lab1", members=("lab1", "lab2", "lab3"), gpus_per_node=1, model="m"
+    )
+    assert check.status == PASS, check
+    assert check.detail.startswith(
+        "GPU: 1 PPO step over 3 node(s) x 1 GPU(s) (lab1, lab2, lab3) in 0.90 s (timing_s/step)"
+    )
+    assert check.detail.endswith("; workers on 3 node(s) (lab1, lab2, lab3)")
+
+
+def test_a_member_without_the_plans_resources_is_a_skip_and_nothing_runs(tmp_path):
+    """lab2 offers no `cpu` (a unit from before this plan), lab3 is not in Ray: the helper
+    names both, the launch script never runs, the row SKIPs naming them and the fix."""
+    env = fake_ray(tmp_path, [("127.0.0.1", 1, 1), ("127.0.0.2", 1, 0)])
+    config = tmp_path / "cluster.json"
+    config.write_text(
+        json.dumps(
+            smoke_script.cluster_config(CLUSTER._replace(head_host="127.0.0.1", members=LOCAL))
+        )
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(smoke_script.CLUSTER_DRIVER),
+            "nodes",
+            str(config),
+            str(tmp_path),
+            "yes",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[0] == "@@node lab1 127.0.0.1", out
+    assert lines[1].startswith("@@missing lab2 its Ray node offers GPU 1, cpu 0; the plan needs 1")
+    assert lines[2].startswith("@@missing lab3 127.0.0.3 is not an alive node of the Ray cluster")
+    job_cfg = json.loads((tmp_path / "job.json").read_text())
+    assert job_cfg["runtime_env"]["py_modules"] == [f"{tmp_path}/verl/verl"]  # the lab-cpu copy
+    run = smoke.parse_smoke(["@@p40fleet-smoke 1", "sim=yes", *lines, "cluster_rc=0", "@@end"])
+    check = smoke.cluster_check(
+        run, head="lab1", members=("lab1", "lab2", "lab3"), gpus_per_node=1, model="m"
+    )
+    assert check.status == SKIP, check
+    assert check.detail.startswith(
+        "not run: the cluster's plan 3 node(s) x 1 GPU(s) (lab1, "
+        "lab2, lab3) needs every member in Ray: lab2: its Ray node"
+    )
+    assert "lab3: 127.0.0.3 is not an alive node" in check.detail
+    assert "deploy/ray.py" in check.remedy
+    # the whole script stops before the launch script (which would fail the test if run)
+    launch = tmp_path / "launch-ppo.sh"
+    launch.write_text("#!/bin/sh\necho LAUNCHED\nexit 3\n")
+    launch.chmod(0o755)
+    targets = CLUSTER._replace(
+        launch_script=str(launch), python=sys.executable, head_host="127.0.0.1", members=LOCAL
+    )
+    full = subprocess.run(
+        ["sh", "-c", render_cluster_job(targets), "sh", "no"],
+        capture_output=True,
+        text=True,
+        env=env,
+        input="",
+    )
+    assert "LAUNCHED" not in full.stdout and not re.search(r"^rc=", full.stdout, re.M)
+    assert "@@missing lab3" in full.stdout and full.stdout.rstrip().endswith("@@end")
+
+
+def test_a_cluster_that_cannot_be_asked_is_a_fail_with_the_helpers_error():
+    lines = [
+        "@@p40fleet-smoke 1",
+        "sim=yes",
+        "cluster=yes",
+        "scratch_rc=0",
+        "patch_rc=0",
+        "cluster_rc=2",
+        "@@log cannot ask the Ray cluster at 10.0.0.1:6379: ConnectionError: auth failed",
+        "left=",
+        "@@end",
+    ]
+    check = smoke.cluster_check(
+        smoke.parse_smoke(lines), head="lab1", members=("lab1", "lab2"), gpus_per_node=1, model="m"
+    )
+    assert (
+        check.status == FAIL and "could not read the Ray cluster's nodes (exit 2)" in check.detail
+    )
+    assert "ConnectionError: auth failed" in check.detail and "token" in check.remedy
+
+
+def test_a_failed_cluster_step_carries_the_trainers_last_lines_and_a_fix():
+    lines = [ln for ln in fixture("lab-cpu-broken-launch.out")]
+    check = smoke.cluster_check(
+        smoke.parse_smoke(lines),
+        head="lab1",
+        members=("lab1", "lab2"),
+        gpus_per_node=1,
+        model="tiny-qwen2",
+    )
+    assert check.name == smoke.CLUSTER_CHECK and check.status == FAIL
+    assert check.detail.startswith(
+        "2 node(s) x 1 GPU(s) (lab1, lab2): CPU (simulated host): launch script exit 1"
+    )
+    assert "NotImplementedError: Rollout name: no_such_rollout" in check.detail
+    assert "deploy/training.py" in check.remedy
+    passed = smoke.cluster_check(
+        smoke.parse_smoke(fixture("lab-cpu-pass.out")),
+        head="lab1",
+        members=("lab1", "lab2"),
+        gpus_per_node=1,
+        model="m",
+    )
+    assert passed.status == PASS and "workers' nodes not logged" in passed.detail
+    no_step = [ln for ln in fixture("lab-cpu-pass.out") if "global_step" not in ln]
+    assert (
+        smoke.cluster_check(
+            smoke.parse_smoke(no_step),
+            head="lab1",
+            members=("lab1", "lab2"),
+            gpus_per_node=1,
+            model="m",
+        ).status
+        == FAIL
+    )
+    assert (
+        smoke.cluster_check(
+            smoke.SmokeRun(), head="lab1", members=("a", "b"), gpus_per_node=1, model="m"
+        ).status
+        == FAIL
+    )
+
+
+def test_the_cluster_step_is_skipped_when_the_head_cannot_step_alone():
+    ok = [Check("ray cluster", PASS, "3/3"), Check(smoke.CHECK, PASS, "CPU: 1 PPO step")]
+    assert smoke.cluster_skip(ok, "lab1") is None
+    down = smoke.cluster_skip([Check("ray cluster", FAIL, "2/3 nodes active"), ok[1]], "lab1")
+    assert down.status == SKIP and down.detail == "not run: the head lab1 fails ray cluster"
+    own = smoke.cluster_skip([ok[0], Check(smoke.CHECK, FAIL, "launch script exit 1")], "lab1")
+    assert own.status == SKIP and "lab1's own `smoke step` did not pass (FAIL: launch" in own.detail
+    assert smoke.cluster_skip(ok[:1], "lab1").status == SKIP  # no own step: not stepped

@@ -5,11 +5,20 @@ step appends to the launch script, on GPU hosts and on simulated ones (CPU) alik
 :func:`parse_smoke` reads what ``files/verify-smoke.sh.j2`` printed; :func:`smoke_check` turns it
 into the ``smoke step`` check (PASS only when verl logged ``training/global_step:1`` and the
 script exited 0), :func:`smoke_skip` says why a host is not stepped.
+The cluster's step (issue 25, section 4): the same script, rendered for the Ray head, joins the
+fleet's Ray cluster and runs ONE step with the cluster's plan (:func:`cluster_overrides`);
+:func:`cluster_skip` says why it is not run, :func:`cluster_check` turns its output into the
+head's ``smoke step (cluster)`` row.
 
 The script's output (one line each)::
 
     @@p40fleet-smoke 1          first line
-    key=value                   sim, scratch, patch_rc, ray_rc, rc, run_s, timed_out, left
+    key=value                   sim, scratch, patch_rc, ray_rc, cluster_rc, rc, run_s,
+                                timed_out, left
+    @@node NAME IP              (cluster) a planned member, alive in Ray with the resources
+    @@missing NAME WHY          (cluster) a planned member the step cannot use, and why
+    @@worker IP|local           (cluster) where verl's workers logged from (local: the head)
+    @@left NAME                 (cluster) a member whose scratch dir could not be removed
     @@step LINE                 a line of verl's console logger with a step's metrics
     @@error LINE                one of the log's last exception lines (``NameError: ...``)
     @@log LINE                  one of the trainer log's last lines
@@ -43,6 +52,8 @@ __all__ = [
     "PROMPT_LENGTH",
     "SCRATCH",
     "SmokeRun",
+    "cluster_check",
+    "cluster_overrides",
     "cluster_skip",
     "cpu_ray_start_args",
     "gpus_per_node",
@@ -55,13 +66,14 @@ __all__ = [
 ]
 
 CHECK = "smoke step"
-#: The head's row for a step spanning the cluster (issue 25, section 4): not run yet, see
-#: :func:`cluster_skip` and :data:`MULTI_NODE_DOC`.
+#: The Ray head's row for ONE step spanning the cluster (issue 25, section 4):
+#: :func:`cluster_check`, :func:`cluster_skip` and :data:`MULTI_NODE_DOC`.
 CLUSTER_CHECK = "smoke step (cluster)"
-#: What was tried, what fails and what a cluster step needs.
+#: What was tried, what fails and how the cluster step runs.
 MULTI_NODE_DOC = "docs/multi-node-step.md"
-#: Default bound of one smoke run (ray start + main_ppo + ray stop): a cold start on a loaded
-#: 2-core lab host took about 200 s (issue 25, the CPU probe), a GPU host loads more.
+#: Default bound of one smoke run (ray start + main_ppo; its own Ray's stop comes after): a cold
+#: start on a loaded 2-core lab host took about 200 s (issue 25, the CPU probe), a GPU host
+#: loads more.
 DEFAULT_TIMEOUT_S = 600
 #: Short lengths: the step proves the loop, not the model (tokens, not minutes).
 PROMPT_LENGTH = 64
@@ -112,7 +124,20 @@ def smoke_overrides(*, simulated: bool, gpus: int, scratch: str = SCRATCH) -> li
     by the world size, micro batches of 1), validation and checkpoints off, Hydra's run dir and
     the checkpoint dir in ``scratch``. ``simulated``: the CPU step of a lab host (one worker).
     """
-    workers = 1 if simulated else max(gpus, 1)
+    return _overrides(1 if simulated else max(gpus, 1), 1, simulated, scratch)
+
+
+def cluster_overrides(
+    *, simulated: bool, nnodes: int, gpus_per_node: int, scratch: str = SCRATCH
+) -> list[str]:
+    """The overrides of the cluster's step: the cluster plan's ``nnodes`` x ``gpus_per_node``
+    (on simulated hosts too: one CPU worker per fake GPU, so verl's placement groups, one per
+    node of ``gpus_per_node`` bundles, land on distinct nodes), one sample per worker."""
+    return _overrides(max(gpus_per_node, 1), max(nnodes, 1), simulated, scratch)
+
+
+def _overrides(per_node: int, nnodes: int, simulated: bool, scratch: str) -> list[str]:
+    workers = per_node * nnodes
     out = [
         "trainer.total_training_steps=1",
         f"data.max_prompt_length={PROMPT_LENGTH}",
@@ -131,8 +156,8 @@ def smoke_overrides(*, simulated: bool, gpus: int, scratch: str = SCRATCH) -> li
         "trainer.save_freq=-1",
         f"trainer.default_local_dir={scratch}/checkpoints",
         f"hydra.run.dir={scratch}/hydra",
-        "trainer.nnodes=1",
-        f"trainer.n_gpus_per_node={workers}",
+        f"trainer.nnodes={nnodes}",
+        f"trainer.n_gpus_per_node={per_node}",
     ]
     if simulated:
         out.append("trainer.device=cpu")
@@ -193,6 +218,10 @@ class SmokeRun(ToJson):
     metrics: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     started: bool = False
     complete: bool = False
+    nodes: tuple[tuple[str, str], ...] = ()  # the cluster step's: (member, its Ray address)
+    missing: tuple[tuple[str, str], ...] = ()  # (member, why the step cannot use it)
+    workers: tuple[str, ...] = ()  # the addresses verl's workers logged from ("local": here)
+    left: tuple[str, ...] = ()  # members whose scratch dir is left
 
     def int_value(self, key: str) -> int | None:
         text = self.values.get(key, "")
@@ -205,6 +234,10 @@ def parse_smoke(output: Iterable[str]) -> SmokeRun:
     log: list[str] = []
     errors: list[str] = []
     step_lines: list[str] = []
+    nodes: list[tuple[str, str]] = []
+    missing: list[tuple[str, str]] = []
+    workers: list[str] = []
+    left: list[str] = []
     started = complete = False
     for raw in output:
         line = raw.rstrip("\r\n")
@@ -218,12 +251,23 @@ def parse_smoke(output: Iterable[str]) -> SmokeRun:
             errors.append(_ANSI.sub("", line[len("@@error ") :]).strip())
         elif line.startswith("@@step "):
             step_lines.append(line[len("@@step ") :])
+        elif line.startswith("@@node "):
+            name, _, address = line[len("@@node ") :].strip().partition(" ")
+            nodes.append((name, address.strip()))
+        elif line.startswith("@@missing "):
+            name, _, why = line[len("@@missing ") :].strip().partition(" ")
+            missing.append((name, why.strip()))
+        elif line.startswith("@@worker "):
+            workers.append(line[len("@@worker ") :].strip())
+        elif line.startswith("@@left "):
+            left.append(line[len("@@left ") :].strip())
         elif (m := _KV.match(line)) is not None:
             values[m.group(1)] = m.group(2)
     metrics = parse_metrics(step_lines)
     if not errors:  # an older script, or the exception is among the last lines
         errors = [ln.strip() for ln in log if _ERROR.match(ln)][-3:]
-    return SmokeRun(values, tuple(log), tuple(errors), metrics, started, complete)
+    return SmokeRun(values, tuple(log), tuple(errors), metrics, started, complete,
+                    tuple(nodes), tuple(missing), tuple(workers), tuple(left))  # fmt: skip
 
 
 # --- the check --------------------------------------------------------------------------
@@ -343,26 +387,80 @@ def smoke_check(
     )
 
 
-def cluster_skip(*, simulated: bool, members: Sequence[str], gpus_per_node: int) -> Check:
-    """The Ray head's ``smoke step (cluster)`` row: why ``--smoke`` steps every host alone and
-    not the cluster's plan (``members`` x ``gpus_per_node``). On simulated hosts the step cannot
-    run over the fleet's Ray cluster as it is (measured: :data:`MULTI_NODE_DOC`); on GPU hosts
-    the cluster step is not built."""
-    plan = f"{len(members)} node(s) x {gpus_per_node} GPU(s) ({', '.join(members)})"
-    if simulated:
-        why = (
-            f"not run on simulated hosts: the cluster's plan {plan} needs every member's Ray "
-            "node to offer verl a GPU and a `cpu` resource, and the fleet's Ray units on "
-            "simulated hosts offer neither (verl 0.5.0 ray_trainer.py:133: Total available GPUs "
-            "0 is less than total desired GPUs N); the lab-cpu verl copy is only in the head's "
-            "scratch dir, and a member that imports its own ~/verl stops at "
-            "fsdp_workers.py:122 (No available nccl backend found on device type cpu). verl on "
-            "CPU does span 2 lab hosts with gloo over a Ray that offers both (by hand, "
-            f"{MULTI_NODE_DOC}); each host's own `{CHECK}` is the proof here"
+def cluster_skip(checks: Sequence[Check], head: str) -> Check | None:
+    """The SKIP of the cluster's step when the head cannot run it: the head's own ``smoke
+    step`` did not pass, or another of its checks (``ray cluster`` among them: a member not
+    active) failed. None: the step runs (its script still SKIPs a member Ray cannot use)."""
+    failed = [c.name for c in checks if c.status == FAIL and c.name != CHECK]
+    if failed:
+        return Check(CLUSTER_CHECK, SKIP, f"not run: the head {head} fails {', '.join(failed)}")
+    own = next((c for c in checks if c.name == CHECK), None)
+    if own is None or own.status != PASS:
+        why = f"{own.status}: {own.detail}" if own is not None else "not run"
+        return Check(CLUSTER_CHECK, SKIP, f"not run: the head {head}'s own `{CHECK}` did not "
+                     f"pass ({why}); a cluster step would stop where it stops")  # fmt: skip
+    return None
+
+
+def _plan(members: Sequence[str], gpus_per_node: int) -> str:
+    return f"{len(members)} node(s) x {gpus_per_node} GPU(s) ({', '.join(members)})"
+
+
+def _workers_on(run: SmokeRun, head: str) -> list[str]:
+    """The members verl's workers logged from (Ray prefixes a remote worker's lines with its
+    node's address; the head's own workers have none)."""
+    names = {address: name for name, address in run.nodes}
+    seen = [head if w == "local" else names.get(w, w) for w in run.workers]
+    return sorted(set(seen))
+
+
+def cluster_check(
+    run: SmokeRun,
+    *,
+    head: str,
+    members: Sequence[str],
+    gpus_per_node: int,
+    model: str,
+    timeout_s: int = DEFAULT_TIMEOUT_S,
+) -> Check:
+    """The head's ``smoke step (cluster)`` row: PASS only when verl logged
+    ``training/global_step:1`` over the cluster's plan and the launch script exited 0; the
+    detail carries the step time and the nodes verl's workers ran on. SKIP when a planned
+    member is not an alive Ray node offering the plan's resources (named, with the fix)."""
+    plan = _plan(members, gpus_per_node)
+    if not run.started:
+        return Check(
+            CLUSTER_CHECK,
+            FAIL,
+            "the cluster smoke script gave no answer (no output)",
+            "run `pyinfra INVENTORY deploy/verify.py --data verify_smoke=yes --debug` to see why",
         )
-    else:
-        why = (
-            f"not run: a step with the cluster's plan {plan} is not built into --smoke yet "
-            f"({MULTI_NODE_DOC}); each host's own `{CHECK}` steps its GPUs alone"
+    where = _where(run)
+    if run.missing:
+        what = "; ".join(f"{name}: {why}" for name, why in run.missing)
+        return Check(
+            CLUSTER_CHECK,
+            SKIP,
+            f"not run: the cluster's plan {plan} needs every member in Ray: {what}",
+            "run deploy/ray.py (a member's unit offers what the plan needs), check the members "
+            "named, then verify again",
         )
-    return Check(CLUSTER_CHECK, SKIP, why)
+    if run.values.get("cluster_rc") not in (None, "0"):
+        return Check(
+            CLUSTER_CHECK,
+            FAIL,
+            f"{where}: the head could not read the Ray cluster's nodes (exit "
+            f"{run.values.get('cluster_rc')}); last lines: {_tail(run)}",
+            "check the head's Ray member (`systemctl status p40fleet-ray`) and the cluster's "
+            "token (/etc/p40fleet), then run deploy/ray.py",
+        )
+    overrides = cluster_overrides(simulated=run.values.get("sim") == "yes",
+                                  nnodes=len(members), gpus_per_node=gpus_per_node)  # fmt: skip
+    step = smoke_check(run, model=model, overrides=overrides, timeout_s=timeout_s)
+    if step.status != PASS:
+        return Check(CLUSTER_CHECK, step.status, f"{plan}: {step.detail}", step.remedy)
+    on = _workers_on(run, head)
+    seen = f"workers on {len(on)} node(s) ({', '.join(on)})" if on else "workers' nodes not logged"
+    left = f"; scratch left on {', '.join(run.left)}" if run.left else ""
+    detail = step.detail.replace(": 1 PPO step in ", f": 1 PPO step over {plan} in ", 1)
+    return Check(CLUSTER_CHECK, PASS, f"{detail}; {seen}{left}")

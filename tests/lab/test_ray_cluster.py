@@ -7,13 +7,16 @@ One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inven
 (``operations.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
 lab1 plans the same cluster from the full run's record, and a full run after it changes nothing.
 ``verify --collective`` measures gloo over the lab bridge between the 3 training nodes (PASS at
-the default floor), and FAILs naming lab2 when lab2's Ray member is stopped.
+the default floor), and FAILs naming lab2 when lab2's Ray member is stopped. ``verify --limit
+lab1 --smoke`` runs the head's own step and one PPO step over the cluster's plan (3 x 1, CPU,
+gloo) on the fleet's Ray cluster, which stays up.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -164,7 +167,9 @@ def verify(report: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_verify_sees_the_cluster_and_skips_gpus_on_simulated_hosts(cluster, tmp_path):
     """The same run measures the all-reduce over the 3 training nodes (``--collective``): gloo
-    over the lab bridge, one row per node and the group's on the head (lab1)."""
+    over the lab bridge, one row per node and the group's on the head (lab1). Then ``--limit
+    lab1 --smoke``: the head's own step and ONE PPO step over the cluster's plan (3 x 1, CPU,
+    gloo) on the fleet's Ray cluster, which stays up, with no scratch left anywhere."""
     report = tmp_path / "report.json"
     t0 = time.monotonic()
     proc = verify(report, "--collective")
@@ -190,6 +195,35 @@ def test_verify_sees_the_cluster_and_skips_gpus_on_simulated_hosts(cluster, tmp_
         assert checks["ray GPUs"]["status"] == "SKIP"
         assert "simulated host" in checks["ray GPUs"]["detail"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # --smoke on the head (issue 25, section 4): its own step, then ONE step over the
+    # cluster's plan (3 x 1) on the fleet's Ray cluster: CPU, gloo across the lab bridge
+    lab, marker = cluster["lab"], "/tmp/p40fleet-test-smoke-marker"
+    for name in HOSTS:
+        lab.ssh(name, f"touch {marker}")
+    smoke_report = tmp_path / "smoke.json"
+    t0 = time.monotonic()
+    proc = verify(smoke_report, "--limit", "lab1", "--smoke")
+    print(f"\nray: verify --limit lab1 --smoke {time.monotonic() - t0:.1f} s")
+    print("\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith("smoke step")))
+    checks = {c["name"]: c for c in json.loads(smoke_report.read_text())["hosts"]["lab1"]["checks"]}
+    assert checks["smoke step"]["status"] == "PASS", checks["smoke step"]
+    row = checks["smoke step (cluster)"]
+    assert row["status"] == "PASS", row
+    assert row["detail"].startswith("CPU (simulated host): 1 PPO step over 3 node(s) x 1 GPU(s) "
+                                    "(lab1, lab2, lab3) in ")  # fmt: skip
+    used = re.search(r"; workers on (\d) node\(s\) \(([a-z0-9, ]+)\)$", row["detail"])
+    assert used is not None and int(used.group(1)) in (2, 3), row["detail"]
+    assert set(used.group(2).split(", ")) <= set(HOSTS)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    # the fleet's Ray is untouched (no `ray stop`), no scratch dir is left on any host, and
+    # nothing in the training user's caches or outputs was written
+    assert len(active_nodes(lab)) == 3
+    for name in HOSTS:
+        written = f"find /home/verl/.cache /home/verl/outputs -newer {marker} 2>/dev/null"
+        left = lab.ssh(
+            name, f"ls -d /tmp/p40fleet-smoke.* 2>/dev/null; runuser -u verl -- {written}"
+        )
+        assert left.stdout.strip() == "", (name, left.stdout)
 
 
 def test_rerun_changes_nothing(cluster):
