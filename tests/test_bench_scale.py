@@ -74,3 +74,21 @@ def test_probe_fits_the_fact_bound_only_while_the_cpu_floor_does():
     assert bench_scale.probe_fits(9.46, 8, 2)  # 37.8 s of floor
     assert not bench_scale.probe_fits(9.46, 32, 2)  # 151.4 s > 120 s
     assert bench_scale.probe_fits(9.46, 32, 2, bound_s=160)
+
+
+def test_recorded_extrapolation_is_the_report_of_the_recorded_sessions():
+    """docs/scale.md's 1,000-host table quotes extrapolation-1000.json: it must be what
+    ``--extrapolate`` computes from every recorded session (no-op at 1, 8 and 32 hosts)."""
+    scale = REPO / "docs" / "measurements" / "scale"
+    sessions = sorted(scale.glob("bench-scale-session*.json"))
+    recorded = json.loads((scale / "extrapolation-1000.json").read_text())
+    assert recorded["from"] == [str(p.relative_to(REPO)) for p in sessions]
+    report = bench_scale.extrapolation_report(sessions, hosts=1000, cpus=2, nofile=1024)
+    assert json.loads(json.dumps(report["modes"])) == recorded["modes"]
+    noop_sizes = {
+        r["hosts"]
+        for p in sessions
+        for r in json.loads(p.read_text())["results"]
+        if r["mode"] == "noop"
+    }
+    assert noop_sizes == {1, 8, 32}
