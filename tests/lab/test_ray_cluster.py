@@ -319,6 +319,9 @@ def test_collective_fails_naming_a_firewalled_member(cluster, tmp_path):
             f"cannot reach the rendezvous {host_ip(1)}:{port} from {host_ip(2)}" in member["detail"]
         ), member
         assert "open the port from lab2 to lab1 (a firewall" in member["remedy"], member
+        waited = checks["collective lab3"]  # it only waited for lab2, and is told so
+        assert waited["status"] == "FAIL", waited
+        assert waited["remedy"].startswith("lab3 waited for lab2"), waited
         group = checks["collective"]
         assert group["status"] == "FAIL", group
         assert f"lab2 ({host_ip(2)}): cannot reach the rendezvous" in group["detail"], group
