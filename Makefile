@@ -17,10 +17,11 @@ DEV_STAMP := $(VENV)/.p40fleet-dev-installed
 LAB_GPUS ?= 4xP40,8xP40,1xP100,2xH200
 
 # The lab on the controller: mmdebstrap (base rootfs), iproute2 (netns, bridge), ssh-keygen/ssh,
-# git (mirror remotes), xz/dpkg-dev/gcc (the installer doubles), kmod, curl; python3-venv and
+# git (mirror remotes), xz/dpkg-dev/gcc (the installer doubles), kmod, curl, nftables (the lab's
+# firewall fault, `python -m p40lab block`: nft in a host's netns); python3-venv and
 # python3-pip for .venv (Debian's python3 refuses a system-wide pip install: PEP 668).
 APT_PACKAGES := mmdebstrap iproute2 openssh-client git xz-utils dpkg-dev gcc libc6-dev kmod \
-	curl ca-certificates python3-venv python3-pip
+	curl ca-certificates nftables python3-venv python3-pip
 
 .PHONY: demo test lint setup lab-setup system-packages bytecode lab-up lab-down bench
 

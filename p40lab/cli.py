@@ -12,6 +12,10 @@ ssh HOST [CMD...]                   ssh with the lab key and known_hosts (strict
 known-hosts                         print the lab's known_hosts path and content
 mirror-hook                         (re)run p40lab.mirror.ensure_mirror + httpd.start_server
 leftovers                           what of the lab is still on the controller
+block HOST --tcp PORT[,PORT...] [--from HOST2]
+                                    a firewall in front of HOST (nft in its netns, from the
+                                    controller): TCP to PORTs (from HOST2 only) is dropped
+unblock HOST                        lift it (``down`` removes it too)
 
 $P40LAB_INSTANCE=NAME runs any of these against another lab instance (its own state dir, bridge,
 subnet, netns and mirror; see p40lab/state.py); unset, the default lab.
@@ -183,6 +187,30 @@ def cmd_leftovers(args) -> int:
     return 1 if any(left.values()) else 0
 
 
+def cmd_block(args) -> int:
+    from p40lab import firewall, hosts
+
+    require_root()
+    ports = firewall.parse_ports(args.tcp)
+    source = hosts.get_host(args.source)["ip"] if args.source else None
+    hosts.get_host(args.host)  # a clear error for a host the lab does not have
+    firewall.block(args.host, ports, source)
+    where = f" from {args.source} ({source})" if source else ""
+    print(f"{args.host}: TCP to {', '.join(map(str, ports))}{where} dropped "
+          f"(`{st.cli('unblock ' + args.host)}` lifts it)")  # fmt: skip
+    return 0
+
+
+def cmd_unblock(args) -> int:
+    from p40lab import firewall, hosts
+
+    require_root()
+    hosts.get_host(args.host)
+    firewall.unblock(args.host)
+    print(f"{args.host}: unblocked")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m p40lab", description="the simulated P40 lab")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -239,6 +267,16 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_mirror_hook)
     s = sub.add_parser("leftovers", help="list lab remains on the controller")
     s.set_defaults(fn=cmd_leftovers)
+    s = sub.add_parser("block", help="drop TCP to a host's ports (a firewall, from outside)")
+    s.add_argument("host")
+    s.add_argument("--tcp", required=True, metavar="PORT[,PORT...]", help="e.g. 29500,6379")
+    s.add_argument(
+        "--from", dest="source", metavar="HOST", help="only from this lab host (default: all)"
+    )
+    s.set_defaults(fn=cmd_block)
+    s = sub.add_parser("unblock", help="lift a host's block")
+    s.add_argument("host")
+    s.set_defaults(fn=cmd_unblock)
     return p
 
 

@@ -46,7 +46,7 @@ import time
 import traceback
 from pathlib import Path
 
-from p40lab import base, httpd, net
+from p40lab import base, firewall, httpd, net
 from p40lab import mirror as lab_mirror
 from p40lab import state as st
 from p40lab.boot import kernel_release
@@ -256,6 +256,7 @@ def down(*, wipe: bool = False, mirror: bool = True) -> dict[str, list[str]]:
     for mnt in our_mounts():
         run(["umount", "-l", mnt], check=False)
     for h in hosts:
+        firewall.clear(h["name"])  # the netns takes it along; cleared first all the same
         net.host_down(h["name"])
     for ns in net.our_netns():
         net.host_down(ns[len(net.NETNS_PREFIX) :])

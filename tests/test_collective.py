@@ -144,9 +144,16 @@ def test_the_member_that_cannot_connect_is_named_before_those_that_waited_for_it
         "timed out",
         "rc=0", "timed_out=no", "@@end",
     ]  # fmt: skip
-    group = checks_of(coll.parse_collective(out))[coll.CHECK]
+    checks = checks_of(coll.parse_collective(out))
+    group = checks[coll.CHECK]
     assert group.status == FAIL
     assert group.detail.index("lab2 (10.0.0.2): cannot reach") < group.detail.index("lab1")
+    # the one that only waited is told so, not sent after its own ephemeral ports
+    waited = checks["collective lab1"]
+    assert waited.status == FAIL
+    assert waited.remedy.startswith("lab1 waited for lab2, which cannot reach the rendezvous")
+    assert "ephemeral" not in waited.remedy
+    assert "open the port from lab2" in checks["collective lab2"].remedy
 
 
 def test_a_rank_without_an_answer_fails_within_the_bound():

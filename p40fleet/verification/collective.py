@@ -281,6 +281,12 @@ def collective_checks(
     out: list[Check] = []
     failed: list[str] = []
     missing = {name: (address, why) for name, address, why in run.missing}
+    # members whose rank could not reach the head's store: the others' timeouts are their echo
+    blockers = [
+        name
+        for name, r in run.ranks.items()
+        if r.error and "cannot reach the rendezvous" in r.error
+    ]
     for name, address in run.members:
         result = run.ranks.get(name)
         if name in missing:
@@ -298,7 +304,7 @@ def collective_checks(
             out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {said}", fix))
         elif result.error:
             failed.append(f"{name} ({address}): {result.error}")
-            fix = _rank_fix(result.error, name, head)
+            fix = _rank_fix(result.error, name, head, [b for b in blockers if b != name])
             out.append(Check(f"{CHECK} {name}", FAIL, f"{address}: {result.error}", fix))
         else:
             numbers = _numbers(result.times, n)
@@ -344,11 +350,16 @@ def collective_checks(
     ]
 
 
-def _rank_fix(error: str, name: str, head: str) -> str:
+def _rank_fix(error: str, name: str, head: str, blockers: Sequence[str] = ()) -> str:
     if "rendezvous" in error:
         return (
             f"open the port from {name} to {head} (a firewall between them?) or set "
             "stack.ray.collective_port to one that is open"
+        )
+    if blockers:
+        return (
+            f"{name} waited for {', '.join(blockers)}, which cannot reach the rendezvous on "
+            f"{head}: fix that first (its row names the port)"
         )
     if "CUDA" in error or "cuda" in error:
         return f"make {name}'s GPUs answer (deploy/system.py); a training run may hold them"

@@ -7,7 +7,8 @@ One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inven
 (``operations.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
 lab1 plans the same cluster from the full run's record, and a full run after it changes nothing.
 ``verify --collective`` measures gloo over the lab bridge between the 3 training nodes (PASS at
-the default floor), and FAILs naming lab2 when lab2's Ray member is stopped. ``verify --limit
+the default floor), and FAILs naming lab2 when a firewall (``p40lab block``) drops lab2's
+TCP to the head's rendezvous port. ``verify --limit
 lab1 --smoke`` runs the head's own step and one PPO step over the cluster's plan (3 x 1, CPU,
 gloo) on the fleet's Ray cluster, which stays up.
 """
@@ -26,6 +27,7 @@ import pytest
 
 from facts.ray import RayStatus
 from p40fleet.ray import TOKEN_FILE, parse_status, token_path
+from p40fleet.spec.pins import RayCluster
 from p40lab import runs
 from p40lab.state import host_ip
 
@@ -286,29 +288,50 @@ def test_rebooted_worker_rejoins(cluster):
     assert state.stdout.strip() == "active"
 
 
-def test_collective_fails_naming_a_stopped_member(cluster, tmp_path):
-    """lab2's Ray member stopped: the head's all-reduce FAILs, within its bound, naming lab2
-    and its address (a run limited to the head: the members come from the full run's record)."""
-    lab = cluster["lab"]
-    lab.ssh("lab2", f"systemctl stop {UNIT}", check=True)
+def lab_cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m p40lab ARGS`` against the test instance (``$P40LAB_INSTANCE``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "p40lab", *args], cwd=runs.REPO, capture_output=True, text=True,
+        timeout=60, check=True,
+    )  # fmt: skip
+
+
+def test_collective_fails_naming_a_firewalled_member(cluster, tmp_path):
+    """A firewall between lab2 and the head (``p40lab block lab1 --tcp 29500 --from lab2``: the
+    head drops lab2's TCP to the rendezvous port; Ray's own ports stay open, so lab2 is still
+    an alive member and its rank starts): the head's all-reduce FAILs, within its bound, naming
+    lab2, the port and the firewall fix. Unblocked, the next check PASSes (the same run limited
+    to the head: the members come from the full run's record)."""
+    port = RayCluster().collective_port
+    lab_cli("block", "lab1", "--tcp", str(port), "--from", "lab2")
     try:
-        assert wait_for(lambda: len(active_nodes(lab)) == 2, timeout=120) is not None
         report = tmp_path / "report.json"
         t0 = time.monotonic()
         proc = verify(report, "--limit", "lab1", "--collective", "--collective-timeout", "60")
         seconds = time.monotonic() - t0
-        print(f"\nray: verify --collective with lab2 stopped {seconds:.1f} s")
+        print(f"\nray: verify --collective with lab2 -> lab1:{port} dropped {seconds:.1f} s")
         print("\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith("collective")))
         assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
         checks = {c["name"]: c for c in json.loads(report.read_text())["hosts"]["lab1"]["checks"]}
         member = checks["collective lab2"]
-        assert member["status"] == "FAIL"
+        assert member["status"] == "FAIL", member
         assert (
-            f"{host_ip(2)}: not an alive node of the Ray cluster at {ADDRESS}" in member["detail"]
-        )
-        assert "on lab2" in member["remedy"]
+            f"cannot reach the rendezvous {host_ip(1)}:{port} from {host_ip(2)}" in member["detail"]
+        ), member
+        assert "open the port from lab2 to lab1 (a firewall" in member["remedy"], member
+        waited = checks["collective lab3"]  # it only waited for lab2, and is told so
+        assert waited["status"] == "FAIL", waited
+        assert waited["remedy"].startswith("lab3 waited for lab2"), waited
         group = checks["collective"]
-        assert group["status"] == "FAIL" and f"lab2 ({host_ip(2)}) cannot join" in group["detail"]
+        assert group["status"] == "FAIL", group
+        assert f"lab2 ({host_ip(2)}): cannot reach the rendezvous" in group["detail"], group
         assert seconds < 300
     finally:
-        lab.ssh("lab2", f"systemctl start {UNIT}")
+        lab_cli("unblock", "lab1")
+    report = tmp_path / "unblocked.json"
+    t0 = time.monotonic()
+    proc = verify(report, "--limit", "lab1", "--collective", "--collective-timeout", "60")
+    print(f"ray: verify --collective unblocked {time.monotonic() - t0:.1f} s")
+    checks = {c["name"]: c for c in json.loads(report.read_text())["hosts"]["lab1"]["checks"]}
+    assert checks["collective"]["status"] == "PASS", checks["collective"]
+    assert checks["collective lab2"]["status"] == "PASS", checks["collective lab2"]
