@@ -84,17 +84,25 @@ def _rules(ref: str) -> str:
         return '{"format": 1, "ref": "none", "profile": "lab-cpu", "rules": []}'
 
 
+def _shared(targets: SmokeTargets | ClusterSmokeTargets) -> dict[str, object]:
+    """What the single-host and the cluster script both render: the user's env and launch
+    script, the verl checkout with its lab-cpu rules and the applier, the bound."""
+    return {
+        "python": targets.python,
+        "launch_script": targets.launch_script,
+        "verl_checkout": targets.verl_checkout.rstrip("/") or "/",
+        "timeout_s": int(targets.timeout_s),
+        "log_lines": SCRIPT_LOG_LINES,
+        "applier": APPLIER_PATH.read_text().rstrip("\n"),
+        "rules_json": _rules(targets.verl_ref).rstrip("\n"),
+    }
+
+
 def render_job(targets: SmokeTargets) -> str:
     """The script the training user runs (``$1``: ``yes`` on a simulated host: the CPU step)."""
     return shell_template(SMOKE_TEMPLATE).render(
         cluster=False,
-        python=targets.python,
-        launch_script=targets.launch_script,
-        verl_checkout=targets.verl_checkout.rstrip("/") or "/",
-        timeout_s=int(targets.timeout_s),
-        log_lines=SCRIPT_LOG_LINES,
-        applier=APPLIER_PATH.read_text().rstrip("\n"),
-        rules_json=_rules(targets.verl_ref).rstrip("\n"),
+        **_shared(targets),
         cpu_overrides=_words(smoke.smoke_overrides(simulated=True, gpus=1)),
         gpu_overrides=_words(smoke.smoke_overrides(simulated=False, gpus=targets.gpus)),
         cpu_ray_args=" ".join(shlex.quote(a) for a in smoke.cpu_ray_start_args(RAY_PORT)),
@@ -123,13 +131,7 @@ def render_cluster_job(targets: ClusterSmokeTargets) -> str:
     nnodes, per_node = len(targets.members), int(targets.gpus_per_node)
     return shell_template(SMOKE_TEMPLATE).render(
         cluster=True,
-        python=targets.python,
-        launch_script=targets.launch_script,
-        verl_checkout=targets.verl_checkout.rstrip("/") or "/",
-        timeout_s=int(targets.timeout_s),
-        log_lines=SCRIPT_LOG_LINES,
-        applier=APPLIER_PATH.read_text().rstrip("\n"),
-        rules_json=_rules(targets.verl_ref).rstrip("\n"),
+        **_shared(targets),
         cpu_overrides=_words(
             smoke.cluster_overrides(simulated=True, nnodes=nnodes, gpus_per_node=per_node)
         ),
