@@ -381,7 +381,6 @@ def obtain(
     lock = BuildLock.beside(local_tar)
     got = lock.acquire()
     if got.kind == "held":
-        assert got.holder is not None
         ok, why = wait_for_wheel(lock, local_tar, log, **wait)
         if not ok:
             raise RuntimeError(why)
@@ -400,8 +399,9 @@ def obtain(
 
 
 def record(part: str, local_tar: str) -> str:
-    """Publish the complete tar ``part`` as ``local_tar``, its sum first beside it (so the
-    pair a reader sees is consistent or not ok, never a tar taken for the new one unchecked)."""
+    """Publish the complete tar ``part`` as ``local_tar``, then its sum beside it (as
+    ``operations.apex.fetch_wheel`` does): a reader that sees the tar before its sum finds them
+    not matching and waits or builds, never takes a tar unchecked."""
     digest = apex_build.sha256_of(part)
     tmp = f"{local_tar}.sha256.tmp"
     with open(tmp, "w") as handle:
