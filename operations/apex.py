@@ -47,6 +47,7 @@ from operations.refuse import refuse_option_ref
 from operations.torch import pip_command
 from operations.util.as_user import as_user, mkdir_as, put_as
 from operations.util.progress import Stopwatch
+from p40fleet import apex_cache
 from p40fleet.apex_build import (
     BUILD_ACCOUNT,
     BUILD_HOME,
@@ -350,7 +351,13 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
         )
     yield StringCommand("rm -f", QuoteString(remote_tar), QuoteString(f"{remote_tar}.sha256"))
 
-    def _record(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
+    def _record(state, host) -> bool:
+        try:
+            return _stored(host)
+        finally:
+            apex_cache.release_for(state, local_tar)  # stored or not: others may go on
+
+    def _stored(host) -> bool:
         want, got = recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
         problem = None
         if want is None or got != want:
@@ -366,8 +373,8 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
             return False
         with open(f"{local_tar}.sha256.tmp", "w") as handle:
             handle.write(f"{got}  {WHEEL_TAR}\n")
-        os.replace(part, local_tar)
-        os.replace(f"{local_tar}.sha256.tmp", f"{local_tar}.sha256")
+        apex_cache.publish(part, local_tar)
+        apex_cache.publish(f"{local_tar}.sha256.tmp", f"{local_tar}.sha256")
         os.unlink(part_sum)
         return True
 
@@ -396,6 +403,17 @@ def put_wheel(
         ok, why = controller_wheel_ok(local_tar)  # again now: the builder may just have made it
         if ok:
             return True
+        waited = apex_cache.await_other(local_tar, lambda line: host.log_styled(line, fg="yellow"))
+        if waited is not None:
+            ok, why = waited
+            if ok:
+                return True
+            host.log_styled(
+                f"host {host.name}: apex wheel upload: {why} — fix: re-run (this controller "
+                "then builds it, or uses the wheel once stored)",
+                fg="red",
+            )
+            return False
         host.log_styled(
             f"host {host.name}: apex wheel upload: {why} ({where}) — fix: fix that host's "
             f"build, or delete {os.path.dirname(local_tar)}/ to rebuild it, then re-run",

@@ -8,21 +8,25 @@ not use the host in context). Hosts are asked in order and only until the builde
 not at all on a cache hit (the usual re-run), so most runs read no other host's facts.
 
 Decided once per run and key (pyinfra loads a deploy file for all hosts in parallel, so every
-host asks; the answer is kept on the run's state).
+host asks; the answer is kept on the run's state). Across controllers sharing one cache the
+decision is made under the key's build lock (``p40fleet/apex_cache.py``): while another live
+controller holds it, this run elects nobody and its uploads wait for that wheel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pyinfra import logger
 from pyinfra.api import Host, State
 
 from facts.conda import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.survey import ask
 from operations import apex, conda
+from operations.refuse import dry_run
 from operations.survey import survey_host
-from p40fleet import apex_build, preflight
+from p40fleet import apex_build, apex_cache, preflight
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 __all__ = ["builder", "needs_apex"]
@@ -39,14 +43,45 @@ def builder(state: State, key: str) -> str | None:
         setattr(state, _MEMO_ATTR, memo)
     if key not in memo:
         specs: dict[str, tuple[Host, StackSpec]] = {}
+        local_tar = apex_build.controller_wheel(key)
+        in_cache = apex_build.controller_wheel_ok(local_tar)[0]
+        held, lock = (False, None) if in_cache else _build_lock(local_tar)
         memo[key] = apex_build.first_builder(
             key,
-            in_cache=apex_build.controller_wheel_ok(apex_build.controller_wheel(key))[0],
+            in_cache=in_cache or held or apex_build.controller_wheel_ok(local_tar)[0],
             hosts=_python_hosts(state, specs),  # lazy: not walked on a cache hit
             key_of=lambda name: _key_of(*specs[name]),
             needs=lambda name: needs_apex(*specs[name], key),
         )
+        if lock is not None and memo[key] is None:
+            lock.release()
+        elif lock is not None:
+            apex_cache.hold(state, lock)  # until fetch_wheel stored the wheel (or exit)
     return memo[key]
+
+
+def _build_lock(local_tar: str) -> tuple[bool, apex_cache.BuildLock | None]:
+    """(held, lock): whether another live controller holds the shared cache's build lock of
+    this key (this run builds nothing: its uploads wait for that wheel), else the lock taken
+    for this run (None in a dry run: it builds nothing, so it takes nothing)."""
+    lock = apex_cache.BuildLock.beside(local_tar)
+    if dry_run():
+        holder = lock.holder()
+        live = holder is not None and lock.stale_why(holder) is None
+        got = apex_cache.Acquired("held", holder) if live else apex_cache.Acquired("free")
+    else:
+        got = lock.acquire()
+    if got.kind == "held":
+        who = got.holder.describe() if got.holder else "another controller"
+        logger.warning(
+            f"apex wheel {lock.key}: {who} holds its build lock in the shared cache "
+            f"({lock.path}): no host of this run builds it; the uploads wait for that wheel "
+            f"(at most {apex_cache.WAIT_S / 3600:.0f} h)"
+        )
+        return True, None
+    if got.message:
+        logger.warning(f"apex wheel {lock.key}: {got.message}")
+    return False, lock if got.kind == "taken" else None
 
 
 def _python_hosts(state: State, specs: dict[str, tuple[Host, StackSpec]]) -> Iterator[str]:

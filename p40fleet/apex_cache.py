@@ -1,0 +1,411 @@
+"""The controllers' Apex wheel cache, shared: one build per key across controllers. No pyinfra.
+
+Several controllers may share one cache (``$P40FLEET_CACHE/apex`` on an NFS home, or a link to
+one directory). Per build key, the controller that decides to build takes ``build.lock`` beside
+the cache entry (``<cache>/apex/<key>/build.lock``) for the span from that decision to the
+stored wheel; another controller that finds it held by a live holder builds nothing and waits
+for the published wheel (:func:`wait_for_wheel`), checked by its recorded sha256.
+
+The lock is a file created exclusively: a complete temporary file holding the holder's lines is
+hard-linked onto the lock's name (``link(2)`` fails when the name exists: ``O_EXCL``'s rule,
+and the lock never exists without its holder). ``flock`` is not used: it is not reliable
+between NFS clients; ``link`` is atomic there (a lost reply is told by the temporary file's
+link count). The holder refreshes the lock's mtime every :data:`HEARTBEAT_S` while it holds it.
+
+Stale means: the holder is this controller (same ``controller_id``: ids are per machine) and its
+process is gone (pid and start time), or the lock's mtime is older than :data:`STALE_S` by the
+shared directory's own clock (a freshly written file's mtime: controllers' clocks may differ).
+A stale lock is moved to a name derived from its content, so of two controllers taking it over
+one wins, and the winner names the old holder.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from p40fleet import apex_build, controller
+
+__all__ = [
+    "HEARTBEAT_S",
+    "LOCK_FILE",
+    "STALE_S",
+    "WAIT_S",
+    "Acquired",
+    "BuildLock",
+    "LockHolder",
+    "await_other",
+    "hold",
+    "obtain",
+    "publish",
+    "record",
+    "release_for",
+    "wait_for_wheel",
+]
+
+LOCK_FILE = "build.lock"
+#: How often the holder refreshes the lock's mtime.
+HEARTBEAT_S = 30.0
+#: A lock not refreshed for this long is stale (its holder was killed or lost the directory).
+STALE_S = 600.0
+#: The longest a controller waits for another's wheel: longer than a cold Apex build.
+WAIT_S = 2 * 3600.0
+#: How often the waiter looks, and how often it says who it waits for.
+POLL_S = 2.0
+PROGRESS_S = 60.0
+_FIELDS = ("controller", "controller_id", "pid", "pid_start", "since", "key")
+
+
+def _pid_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22): a pid
+    reused by another process has another one. Empty when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds (or wants) a key's build lock."""
+
+    controller: str  # hostname, for people to read
+    controller_id: str
+    pid: int
+    pid_start: str
+    since: str
+    key: str
+
+    @classmethod
+    def me(cls, key: str) -> LockHolder:
+        pid = os.getpid()
+        since = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return cls(socket.gethostname(), controller.controller_id(), pid, _pid_start(pid),
+                   since, key)  # fmt: skip
+
+    def text(self) -> str:
+        return "".join(f"{name}={getattr(self, name)}\n" for name in _FIELDS)
+
+    def describe(self) -> str:
+        return (
+            f"controller {self.controller} (pid {self.pid}, id {self.controller_id[:8]}) "
+            f"since {self.since}"
+        )
+
+    def same_process(self, other: LockHolder) -> bool:
+        return (self.controller_id, self.pid, self.pid_start) == (
+            other.controller_id,
+            other.pid,
+            other.pid_start,
+        )
+
+    def gone_here(self) -> bool:
+        """Whether this holder is this controller and its process no longer runs."""
+        if self.controller_id != controller.controller_id():
+            return False
+        return _pid_start(self.pid) != self.pid_start or not self.pid_start
+
+
+def _parse(text: str) -> LockHolder | None:
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    try:
+        return LockHolder(**{n: values[n] for n in _FIELDS if n != "pid"}, pid=int(values["pid"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def _fs_now(directory: str) -> float:
+    """The shared directory's clock: the mtime of a file written there now."""
+    probe = os.path.join(directory, f".clock.{controller.controller_id()[:8]}.{os.getpid()}")
+    with open(probe, "w"):
+        pass
+    try:
+        return os.stat(probe).st_mtime
+    finally:
+        os.unlink(probe)
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What :meth:`BuildLock.acquire` saw: ``taken`` (free, or a stale lock taken over: then
+    ``message`` names the old holder), or ``held`` by a live ``holder``; ``free`` when only
+    looked at."""
+
+    kind: str
+    holder: LockHolder | None = None
+    message: str = ""
+
+
+class BuildLock:
+    """The build lock of one key in one cache dir, for this process."""
+
+    def __init__(self, path: str, key: str, stale_s: float = STALE_S,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:  # fmt: skip
+        self.key, self.path = key, path
+        self.stale_s, self.heartbeat_s = stale_s, heartbeat_s
+        self.me = LockHolder.me(key)
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    @classmethod
+    def beside(cls, local_tar: str, **bounds: float) -> BuildLock:
+        """The lock of the cache entry holding ``local_tar`` (its directory is the key)."""
+        directory = os.path.dirname(local_tar)
+        return cls(os.path.join(directory, LOCK_FILE), os.path.basename(directory), **bounds)
+
+    def holder(self) -> LockHolder | None:
+        """The lock's holder now; None when free (an unreadable lock counts as a stale one
+        of nobody's)."""
+        text = _read(self.path)
+        if text is None:
+            return None
+        return _parse(text) or LockHolder("?", "", 0, "", "?", self.key)
+
+    def stale_why(self, holder: LockHolder) -> str | None:
+        """Why ``holder``'s lock is stale, or None while it is live."""
+        if holder.gone_here():
+            return f"its process {holder.pid} no longer runs on this controller"
+        try:
+            age = _fs_now(os.path.dirname(self.path)) - os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            return None
+        if age > self.stale_s:
+            return (
+                f"not refreshed for {age:.0f} s by the cache dir's clock (stale after "
+                f"{self.stale_s:.0f} s)"
+            )
+        return None
+
+    def acquire(self) -> Acquired:
+        """Take the lock, or say who holds it; a stale lock is taken over."""
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        took_over = ""
+        for _attempt in range(3):
+            if self._link():
+                self._start_heartbeat()
+                return Acquired("taken", None, took_over)
+            text = _read(self.path)
+            if text is None:
+                continue  # released meanwhile
+            holder = _parse(text) or LockHolder("?", "", 0, "", "?", self.key)
+            if holder.same_process(self.me):
+                return Acquired("taken")
+            why = self.stale_why(holder)
+            if why is None:
+                return Acquired("held", holder)
+            if self._move_aside(text):
+                took_over = f"took over the stale build lock of {holder.describe()}: {why}"
+        holder = self.holder()
+        return Acquired("held", holder) if holder else Acquired("held")
+
+    def _link(self) -> bool:
+        tmp = f"{self.path}.{self.me.controller_id[:8]}.{self.me.pid}.tmp"
+        with open(tmp, "w") as handle:
+            handle.write(self.me.text())
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:
+            return os.stat(tmp).st_nlink == 2  # NFS: the link made, its reply lost
+        finally:
+            os.unlink(tmp)
+
+    def _move_aside(self, text: str) -> bool:
+        """Move the stale lock whose content is ``text`` away; one of two racers wins."""
+        aside = f"{self.path}.stale-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        if _read(aside) != text:  # a new holder's lock, taken in between: give it back
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            return False
+        os.unlink(aside)
+        return True
+
+    def held_by_me(self) -> bool:
+        return _read(self.path) == self.me.text()
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="apex-lock")
+        self._beat.start()
+        atexit.register(self.release)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            if self.held_by_me():
+                os.utime(self.path)
+
+    def release(self) -> None:
+        """Remove the lock when this process holds it (idempotent)."""
+        self._stop.set()
+        if self.held_by_me():
+            os.unlink(self.path)
+        atexit.unregister(self.release)
+
+
+_HELD_ATTR = "p40fleet_apex_build_locks"
+_WAITERS: dict[str, threading.Lock] = {}
+
+
+def hold(run: object, lock: BuildLock) -> None:
+    """Keep ``lock`` on the run (pyinfra's state) until :func:`release_for` (or exit)."""
+    held = getattr(run, _HELD_ATTR, None)
+    if held is None:
+        held = {}
+        setattr(run, _HELD_ATTR, held)
+    held[lock.path] = lock
+
+
+def release_for(run: object, local_tar: str) -> None:
+    """Release this run's lock of ``local_tar``'s cache entry (stored, or not: either way)."""
+    lock = (getattr(run, _HELD_ATTR, None) or {}).pop(
+        os.path.join(os.path.dirname(local_tar), LOCK_FILE), None
+    )
+    if lock is not None:
+        lock.release()
+
+
+def await_other(
+    local_tar: str,
+    log: Callable[[str], None],
+    wait_s: float = WAIT_S,
+    poll_s: float = POLL_S,
+    progress_s: float = PROGRESS_S,
+    stale_s: float = STALE_S,
+) -> tuple[bool, str] | None:
+    """None when no other live process holds the build lock of ``local_tar``'s entry; else
+    :func:`wait_for_wheel`'s answer. One waiter per entry logs; the run's other hosts wait
+    for it and then look again."""
+    path = os.path.join(os.path.dirname(local_tar), LOCK_FILE)
+    if not os.path.exists(path):
+        return None
+    lock = BuildLock.beside(local_tar, stale_s=stale_s)
+    holder = lock.holder()
+    if holder is None or holder.same_process(lock.me):
+        return None
+    with _WAITERS.setdefault(path, threading.Lock()):
+        return wait_for_wheel(lock, local_tar, log, wait_s, poll_s, progress_s)
+
+
+def publish(part: str, final: str) -> None:
+    """``part`` (a complete file in ``final``'s directory) renamed onto ``final`` once it is on
+    disk: a reader sees the old file or the new one, never a torn one."""
+    with open(part, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(part, final)
+    fd = os.open(os.path.dirname(final) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def wait_for_wheel(
+    lock: BuildLock,
+    local_tar: str,
+    log: Callable[[str], None],
+    wait_s: float = WAIT_S,
+    poll_s: float = POLL_S,
+    progress_s: float = PROGRESS_S,
+) -> tuple[bool, str]:
+    """(ok, why): wait while another live controller holds ``lock`` until ``local_tar`` matches
+    its recorded sum. Not ok when the holder released the lock without a wheel (its build
+    failed), went stale, or ``wait_s`` passed; every ``progress_s`` a line names the holder."""
+    start = last = time.monotonic()
+    while True:
+        ok, why = apex_build.controller_wheel_ok(local_tar)
+        if ok:
+            return ok, why
+        holder = lock.holder()
+        waited = time.monotonic() - start
+        if holder is None or holder.same_process(lock.me):
+            ok, why = apex_build.controller_wheel_ok(local_tar)  # published, then released
+            if ok:
+                return ok, why
+            return False, f"the build lock of {lock.key} was released without a wheel ({why})"
+        stale = lock.stale_why(holder)
+        if stale is not None:
+            return False, f"{holder.describe()} holds the build lock of {lock.key}, {stale}"
+        if waited >= wait_s:
+            return False, (
+                f"{holder.describe()} still holds the build lock of {lock.key} after "
+                f"{waited:.0f} s (the wait's bound)"
+            )
+        if time.monotonic() - last >= progress_s:
+            last = time.monotonic()
+            log(f"apex wheel {lock.key}: {holder.describe()} builds it; waited {waited:.0f} s "
+                f"of at most {wait_s:.0f} s")  # fmt: skip
+        time.sleep(poll_s)
+
+
+def obtain(
+    key: str,
+    build: Callable[[str], None],
+    cache_dir: str | None = None,
+    log: Callable[[str], None] = print,
+    **wait: float,
+) -> tuple[str, bool]:
+    """(the wheel tar, built here): the controller-side rule in one call. A wheel in the cache
+    matching its sum is used; else under the key's lock ``build(part)`` writes the tar to a
+    temporary name and it is published with its sum; a live holder's wheel is waited for."""
+    local_tar = apex_build.controller_wheel(key, cache_dir)
+    if apex_build.controller_wheel_ok(local_tar)[0]:
+        return local_tar, False
+    lock = BuildLock.beside(local_tar)
+    got = lock.acquire()
+    if got.kind == "held":
+        ok, why = wait_for_wheel(lock, local_tar, log, **wait)
+        if not ok:
+            raise RuntimeError(why)
+        return local_tar, False
+    if got.message:
+        log(got.message)
+    try:
+        if apex_build.controller_wheel_ok(local_tar)[0]:  # published before we took the lock
+            return local_tar, False
+        part = f"{local_tar}.part"
+        build(part)
+        record(part, local_tar)
+        return local_tar, True
+    finally:
+        lock.release()
+
+
+def record(part: str, local_tar: str) -> str:
+    """Publish the complete tar ``part`` as ``local_tar``, then its sum beside it (as
+    ``operations.apex.fetch_wheel`` does): a reader that sees the tar before its sum finds them
+    not matching and waits or builds, never takes a tar unchecked."""
+    digest = apex_build.sha256_of(part)
+    tmp = f"{local_tar}.sha256.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(f"{digest}  {apex_build.WHEEL_TAR}\n")
+    publish(part, local_tar)
+    publish(tmp, f"{local_tar}.sha256")
+    return digest

@@ -1,0 +1,246 @@
+"""One Apex wheel cache shared by several controllers (p40fleet/apex_cache.py, issue 28): per
+build key one controller builds under the key's lock, the others wait for its wheel; a stale
+lock is taken over; a wheel is published by rename, never torn under its final name.
+
+Controllers are separate processes sharing one temporary cache dir, each with its own
+``/etc/machine-id`` stand-in (so its own controller id), as two machines on one NFS home.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.facts.files import Directory, File
+
+from operations import apex, apex_fleet
+from p40fleet import apex_build, apex_cache, controller
+from tests.opharness import run_op
+
+REPO = Path(__file__).resolve().parent.parent
+KEY = "v1-abc_torch2.4.1_cuda12.1_sm6.1_py3.10_cpp+cuda"
+
+# One controller: waits for tmp/go, then obtains KEY's wheel; a build writes CHUNKS random
+# chunks to the temporary name, one per DELAY s, and appends a line to tmp/builds.log.
+CONTROLLER = """
+import json, os, sys, time
+from pathlib import Path
+from p40fleet import apex_cache, controller
+tmp, name, chunks, delay = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+(tmp / f"machine-{name}").write_text(name * 8 + "\\n")
+controller.MACHINE_ID = tmp / f"machine-{name}"
+
+def build(part):
+    with open(tmp / "builds.log", "a") as log:
+        log.write(name + "\\n")
+    with open(part, "wb") as out:
+        for _ in range(chunks):
+            out.write(os.urandom(64 * 1024))
+            out.flush()
+            time.sleep(delay)
+
+(tmp / f"ready-{name}").touch()
+while not (tmp / "go").exists():
+    time.sleep(0.005)
+start = time.monotonic()
+tar, built = apex_cache.obtain(sys.argv[5], build, str(tmp / "cache"), log=print,
+                               poll_s=0.05, progress_s=0.5)
+print(json.dumps({"name": name, "built": built, "sha": apex_cache.apex_build.sha256_of(tar),
+                  "s": round(time.monotonic() - start, 3)}))
+"""
+
+
+def _controller(tmp: Path, name: str, chunks: int = 8, delay: float = 0.1) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), controller.CACHE_ENV: str(tmp / "cache")}
+    return subprocess.Popen(
+        [sys.executable, "-c", CONTROLLER, str(tmp), name, str(chunks), str(delay), KEY],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _start(tmp: Path, procs: list[subprocess.Popen], *names: str) -> None:
+    """Start them at once, when each has imported and waits."""
+    deadline = time.monotonic() + 60
+    while not all((tmp / f"ready-{n}").exists() for n in names):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    (tmp / "go").touch()
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    return json.loads(out.strip().splitlines()[-1]) | {"out": out}
+
+
+def test_two_controllers_racing_for_one_key_build_it_once_and_share_its_bytes(tmp_path):
+    procs = [_controller(tmp_path, name, chunks=16) for name in ("a", "b")]
+    _start(tmp_path, procs, "a", "b")
+    results = [_result(p) for p in procs]
+    assert (tmp_path / "builds.log").read_text().count("\n") == 1
+    assert sorted(r["built"] for r in results) == [False, True], results
+    tar = apex_build.controller_wheel(KEY, str(tmp_path / "cache"))
+    assert {r["sha"] for r in results} == {apex_build.sha256_of(tar)}
+    assert apex_build.controller_wheel_ok(tar)[0]
+    waiter = next(r for r in results if not r["built"])
+    assert "builds it; waited" in waiter["out"], waiter  # the progress line names the holder
+    assert "controller " in waiter["out"] and "(pid " in waiter["out"]
+    assert not os.path.exists(apex_cache.BuildLock.beside(tar).path)  # released
+
+
+def _lock(path: Path, **fields) -> None:
+    holder = {"controller": "ctl-old", "controller_id": "f" * 32, "pid": 4242, "pid_start": "1",
+              "since": "2026-12-01T00:00:00Z", "key": KEY} | fields  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k}={v}\n" for k, v in holder.items()))
+
+
+def test_a_stale_lock_is_taken_over_naming_its_old_holder_a_live_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path))
+    tar = apex_build.controller_wheel(KEY)
+    lock = apex_cache.BuildLock.beside(tar, stale_s=600)
+    path = Path(lock.path)
+    # another controller, refreshed just now: live
+    _lock(path)
+    assert lock.acquire().kind == "held"
+    # the same one, not refreshed for 11 minutes by the cache dir's clock: stale
+    old = time.time() - 660
+    os.utime(path, (old, old))
+    got = lock.acquire()
+    assert got.kind == "taken" and lock.held_by_me(), got
+    assert "took over the stale build lock of controller ctl-old (pid 4242" in got.message
+    assert "not refreshed for 66" in got.message
+    lock.release()
+    assert not path.exists()
+    # this controller, its process gone: stale at once
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _lock(path, controller_id=controller.controller_id(), pid=dead.pid, pid_start="123")
+    got = apex_cache.BuildLock.beside(tar).acquire()
+    assert got.kind == "taken" and f"its process {dead.pid} no longer runs" in got.message
+    # this controller, another live process of it (a second run from this machine): live
+    parent = os.getppid()
+    other_run = replace(apex_cache.LockHolder.me(KEY), pid=parent,
+                        pid_start=apex_cache._pid_start(parent))  # fmt: skip
+    path.write_text(other_run.text())
+    assert apex_cache.BuildLock.beside(tar).acquire().kind == "held"
+
+
+def test_a_torn_wheel_is_never_visible_under_the_final_name(tmp_path):
+    tar = apex_build.controller_wheel(KEY, str(tmp_path / "cache"))
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                seen.append(Path(tar).read_bytes())
+            except FileNotFoundError:
+                pass
+            time.sleep(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        # a controller killed half way through writing the wheel: nothing under the final name
+        killed = _controller(tmp_path, "a", chunks=40, delay=0.05)
+        _start(tmp_path, [killed], "a")
+        part = Path(f"{tar}.part")
+        deadline = time.monotonic() + 60
+        while not (part.exists() and part.stat().st_size > 64 * 1024):
+            assert time.monotonic() < deadline and killed.poll() is None
+            time.sleep(0.01)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        assert not os.path.exists(tar) and not apex_build.controller_wheel_ok(tar)[0]
+        # the next controller of that machine takes its lock over and publishes a whole wheel
+        again = _result(_controller(tmp_path, "a", chunks=8, delay=0.02))
+    finally:
+        stop.set()
+        watcher.join()
+    assert again["built"] and "took over the stale build lock" in again["out"], again
+    whole = Path(tar).read_bytes()
+    assert len(whole) == 8 * 64 * 1024 and apex_build.controller_wheel_ok(tar)[0]
+    assert seen and all(view == whole for view in seen), {len(v) for v in seen}
+
+
+# -- in a pyinfra run: the election and the upload -------------------------------------------
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path))
+    return tmp_path
+
+
+def _other_controller_holds(tar: str) -> Path:
+    path = Path(apex_cache.BuildLock.beside(tar).path)
+    _lock(path, controller="ctl-b")  # refreshed just now
+    return path
+
+
+def test_a_run_elects_no_builder_while_another_controller_holds_the_keys_lock(cache):
+    from tests.test_apex import P40, P40_KEY, FakeHost, _fleet, gpu  # the election's fleet
+
+    key = P40_KEY
+    tar = apex_build.controller_wheel(key)
+    path = _other_controller_holds(tar)
+    assert apex_fleet.builder(_fleet(FakeHost("lab1", [gpu(P40)])), key) is None
+    path.unlink()
+    state = _fleet(FakeHost("lab1", [gpu(P40)]))
+    assert apex_fleet.builder(state, key) == "lab1"  # free: this run builds, holding the lock
+    lock = apex_cache.BuildLock.beside(tar)
+    assert lock.holder() is not None and lock.holder().same_process(lock.me)
+    apex_cache.release_for(state, tar)  # as fetch_wheel does once it stored the wheel
+    assert not path.exists()
+
+
+def test_the_upload_waits_for_the_other_controllers_wheel_then_uses_it(cache):
+    tar = apex_build.controller_wheel(KEY)
+    path = _other_controller_holds(tar)
+
+    def other_controller_stores() -> None:
+        time.sleep(0.5)
+        Path(f"{tar}.part").write_bytes(b"wheel")
+        apex_cache.record(f"{tar}.part", tar)
+        path.unlink()
+
+    result = run_op(
+        apex.put_wheel, local_tar=tar, remote_tar="/w/apex-wheel.tar", user="verl",
+        facts={File: None, Directory: None}, default_facts=True,
+    )  # fmt: skip
+    writer = threading.Thread(target=other_controller_stores)
+    writer.start()
+    lines: list[str] = []
+    host = SimpleNamespace(name="lab1", log_styled=lambda m, **_: lines.append(m))
+    try:
+        assert result.functions[0].function(None, host) is True
+    finally:
+        writer.join()
+    assert apex_build.controller_wheel_ok(tar)[0]
+    # released without a wheel (that controller's build failed): refused, naming the fix
+    os.unlink(tar)
+    _other_controller_holds(tar)
+    threading.Timer(0.3, path.unlink).start()
+    assert result.functions[0].function(None, host) is False
+    assert "released without a wheel" in lines[-1] and "fix: re-run" in lines[-1], lines
+
+
+def test_a_dry_run_takes_no_lock_but_sees_one_held(cache, monkeypatch):
+    from tests.test_apex import P40, P40_KEY, FakeHost, _fleet, gpu
+
+    monkeypatch.setattr(sys, "argv", ["pyinfra", "--dry", "inv.py", "deploy/python.py"])
+    tar = apex_build.controller_wheel(P40_KEY)
+    assert apex_fleet.builder(_fleet(FakeHost("lab1", [gpu(P40)])), P40_KEY) == "lab1"
+    assert not os.path.exists(apex_cache.BuildLock.beside(tar).path)  # it builds nothing
+    _other_controller_holds(tar)
+    assert apex_fleet.builder(_fleet(FakeHost("lab1", [gpu(P40)])), P40_KEY) is None
