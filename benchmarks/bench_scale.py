@@ -55,7 +55,6 @@ import math
 import os
 import resource
 import shutil
-import stat
 import statistics
 import subprocess
 import sys
@@ -71,7 +70,7 @@ sys.path.insert(0, str(REPO))
 import bench_fleet as fleet  # noqa: E402
 
 from p40fleet.privdrop import FACT_TIMEOUT_S  # noqa: E402
-from p40lab import runs  # noqa: E402
+from p40lab import disks, runs  # noqa: E402
 
 MODES = {
     "noop": fleet.MODES["named"],
@@ -160,37 +159,9 @@ LINKED = ("home/verl", "usr/lib/gcc", "usr/lib/x86_64-linux-gnu", "var/cache/apt
 CLONE_MARK = ".bench-scale-clone"
 
 
-def unshare(top: Path, linked: tuple[str, ...] = LINKED) -> int:
-    """Give every regular file of ``top`` (a ``cp -al`` copy) outside ``linked`` its own inode,
-    keeping the copy's own hard links (cuDNN's, in the CUDA dir) between its new inodes; mode,
-    owner, times and xattrs kept. Returns how many files were copied."""
-    skip = {top / p for p in linked}
-    mine: dict[int, Path] = {}  # lab1's inode -> this copy's first file of it
-    copied = 0
-    for dirpath, dirnames, filenames in os.walk(top):
-        here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if here / d not in skip]
-        for name in filenames:
-            path = here / name
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            tmp = path.with_name(f".{name}.bench-unshare")
-            if st.st_ino in mine:
-                os.link(mine[st.st_ino], tmp)
-            else:
-                shutil.copy2(path, tmp, follow_symlinks=False)
-                os.chown(tmp, st.st_uid, st.st_gid)
-                os.chmod(tmp, stat.S_IMODE(st.st_mode))  # after chown, which drops setuid
-                copied += 1
-            os.replace(tmp, path)
-            mine.setdefault(st.st_ino, path)
-    return copied
-
-
 def clone_disks(hosts_dir: Path, size: int) -> dict:
     """lab2..lab``size`` get lab1's upper layer (the lab is down): hard-linked by ``cp -al``,
-    then :func:`unshare`d outside ``LINKED``; seconds taken and files copied per host.
+    then ``p40lab.disks.unshare``d outside ``LINKED``; seconds taken and files copied per host.
 
     A host whose disk is marked done (``CLONE_MARK``, by ``--clone-only`` or an earlier size)
     is left as it is: cloning 31 disks takes minutes of this machine's disk, so ``--clone-only``
@@ -206,7 +177,7 @@ def clone_disks(hosts_dir: Path, size: int) -> dict:
         top.mkdir(parents=True)
         subprocess.run(["cp", "-al", "--preserve=all", str(source), str(top / "upper")],
                        check=True)  # fmt: skip
-        copied = unshare(top / "upper")
+        copied = disks.unshare(top / "upper", LINKED)
         (top / CLONE_MARK).write_text(f"{source}\n")
         made += 1
     return {"clone_s": time.monotonic() - t0, "clones_made": made,

@@ -12,6 +12,8 @@ import json
 import os
 import secrets
 import shutil
+import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -175,6 +177,63 @@ def wipe_upper(name: str, keep: tuple[str, ...] = ()) -> None:
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
+
+
+#: Big trees of a converged host that the deploys and provisioning never write in place (pip,
+#: conda and dpkg replace files): a clone of an upper layer hard-links them.
+CLONE_LINKED = (
+    "home/verl/miniconda3", "usr/lib/gcc", "usr/lib/x86_64-linux-gnu", "var/cache/apt",
+)  # fmt: skip
+
+
+def unshare(top: Path, linked: tuple[str, ...]) -> int:
+    """Give every regular file of ``top`` (a ``cp -al`` copy) outside ``linked`` its own inode,
+    keeping the copy's own hard links (cuDNN's, in the CUDA dir) between its new inodes; mode,
+    owner, times and xattrs kept. Returns how many files were copied."""
+    skip = {top / p for p in linked}
+    mine: dict[int, Path] = {}  # the source's inode -> this copy's first file of it
+    copied = 0
+    for dirpath, dirnames, filenames in os.walk(top):
+        here = Path(dirpath)
+        dirnames[:] = [d for d in dirnames if here / d not in skip]
+        for name in filenames:
+            path = here / name
+            info = os.lstat(path)
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            tmp = path.with_name(f".{name}.p40lab-unshare")
+            if info.st_ino in mine:
+                os.link(mine[info.st_ino], tmp)
+            else:
+                shutil.copy2(path, tmp, follow_symlinks=False)
+                os.chown(tmp, info.st_uid, info.st_gid)
+                os.chmod(tmp, stat.S_IMODE(info.st_mode))  # after chown, which drops setuid
+                copied += 1
+            os.replace(tmp, path)
+            mine.setdefault(info.st_ino, path)
+    return copied
+
+
+def clone_upper(source: Path, target: Path, linked: tuple[str, ...] = CLONE_LINKED) -> int:
+    """``target`` = a clone of the upper layer ``source``: hard links for ``linked``, a copy of
+    every other file (copying GBs takes minutes of this machine's disk). Returns files copied."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", "--preserve=all", str(source), str(target)], check=True)
+    return unshare(target, linked)
+
+
+def linked_signature(top: Path, linked: tuple[str, ...] = CLONE_LINKED) -> dict[str, tuple]:
+    """``relpath -> (inode, size, mtime_ns)`` of every file in ``top``'s ``linked`` trees: a file
+    written in place through any of its hard links changes it."""
+    out: dict[str, tuple] = {}
+    for sub in linked:
+        for dirpath, _dirs, filenames in os.walk(top / sub):
+            for name in filenames:
+                path = Path(dirpath) / name
+                info = os.lstat(path)
+                out[str(path.relative_to(top))] = (info.st_ino, info.st_size, info.st_mtime_ns)
+    return out
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:

@@ -17,12 +17,21 @@ and the session fails at teardown if it changed (state file, supervisors, mirror
 mounts, links or routes). A stale test lab (killed session) is cleared by ``up``; a running one
 is refused unless ``P40LAB_REUSE=1``: then it is used as is and left up.
 ``P40LAB_NO_MIRROR=1`` skips the p40lab.mirror hook.
+
+Time: the default lab comes up lazily, before the next test that uses the lab
+(:meth:`Lab.release` after a module's own lab; a module that brings up its own shape next
+would take the default down at once). ``test_flows.py`` runs first among the lab modules: its
+fresh fleet's converged disks are kept as seeds (:meth:`Lab.save_seed`) that modules about
+something other than a first converge start from (``lab.up(..., seed=...)``: the host's upper
+layer is a copy of the seed, then ``p40lab up --keep-disks`` gives it its own identity, and
+``deploy/full.py`` converges what differs). Run alone, such a module converges fresh disks.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,6 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 DEFAULT_GPUS = "4xP40,8xP40,1xP100,2xH200"
+#: The lab module whose fresh fleet seeds the others: it runs first among the lab modules.
+SEEDING_MODULE = "test_flows.py"
 
 
 def instance_snapshot(instance: str = "") -> dict:
@@ -59,17 +70,102 @@ class Lab:
         self.up_seconds: float | None = None
         #: the default instance (the user's lab) as it was before the test lab came up
         self.user_lab_before: dict | None = None
+        #: the default lab is owed to the next test that uses the lab (:meth:`release`)
+        self.default_wanted = True
+        #: hosts of the last ``up`` whose disks started from a seed
+        self.seeded: list[str] = []
+        #: seed name -> its hard-linked files' signature when it was saved
+        self.seed_signatures: dict[str, dict] = {}
 
     # --- lifecycle -------------------------------------------------------------------------
-    def up(self, gpus: str | None = None, **plan_kw) -> dict:
+    def up(self, gpus: str | None = None, seed: dict[str, str] | None = None, **plan_kw) -> dict:
+        """Fresh disks, or for the hosts in ``seed`` (host -> seed name) a clone of that saved
+        disk (a seed not saved in this session, or written since: a fresh disk)."""
         from p40lab import base, hosts, plan
 
         base.build()  # no-op when cached
         specs = plan.plan(None, gpus or self.gpus, **plan_kw)
+        seeds = {h: self.seed_dir(s) for h, s in (seed or {}).items()}
+        seeds = {h: d for h, d in seeds.items() if d.name in self.seed_signatures}
         t0 = time.monotonic()
-        data = hosts.up(specs, mirror=self.mirror)
+        if seeds:
+            seeds = self._plant_seeds(specs, seeds)
+        data = hosts.up(specs, mirror=self.mirror, keep_disks=bool(seeds))
         self.up_seconds = time.monotonic() - t0
+        self.default_wanted = False
+        self.seeded = sorted(seeds)
         return data
+
+    def release(self) -> None:
+        """A module done with its own lab: down now, the default lab before the next test
+        that uses the lab."""
+        self.down()
+        self.default_wanted = True
+
+    def ensure_default(self) -> None:
+        if not self.default_wanted:
+            return
+        from p40lab.state import LabError
+
+        error = None
+        try:
+            self.up()
+        except LabError as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - report anything, loudly
+            error = f"{type(exc).__name__}: {exc}"
+        if error is not None:  # outside the except: no chained traceback noise
+            pytest.fail(f"the simulated lab could not start: {error}", False)
+
+    # --- seeds: converged disks kept for other modules -------------------------------------
+    @staticmethod
+    def seed_dir(name: str) -> Path:
+        from p40lab import state
+
+        return state.LAB_DIR / "test-seeds" / name
+
+    def save_seed(self, host: str, name: str) -> float:
+        """Keep ``host``'s upper layer (the running lab's) as seed ``name``; seconds taken.
+        A clone (``p40lab.disks.clone_upper``: its big trees hard-linked, the rest copied) and
+        the linked trees' signature, which :meth:`up` checks before planting it."""
+        from p40lab import disks
+
+        t0 = time.monotonic()
+        target = self.seed_dir(name)
+        disks.clone_upper(self.root(host).parent / "upper", target)
+        self.seed_signatures[name] = disks.linked_signature(target)
+        return time.monotonic() - t0
+
+    def _plant_seeds(self, specs: list, seeds: dict[str, Path]) -> dict[str, Path]:
+        """``up --keep-disks`` keeps every upper: fresh ones for the hosts without a seed,
+        clones for the others; disks of hosts not in ``specs`` go (as a plain ``up``). A seed
+        whose hard-linked files were written in place since it was saved (through the host it
+        came from, or a clone) is not used: those hosts get fresh disks. Returns the seeds
+        planted."""
+        from p40lab import disks, plan, state
+
+        intact = {}
+        for name in {d.name for d in seeds.values()}:
+            now, then = disks.linked_signature(self.seed_dir(name)), self.seed_signatures[name]
+            changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+            intact[name] = not changed
+            if changed:
+                print(f"\nseed {name}: {len(changed)} linked file(s) changed since it was "
+                      f"saved (e.g. {changed[0]}): fresh disks instead")  # fmt: skip
+        seeds = {h: d for h, d in seeds.items() if intact[d.name]}
+        wanted = {s.name for s in specs}
+        for old in state.HOSTS_DIR.glob(f"{state.HOST_PREFIX}*"):
+            if old.name not in wanted and old.name[len(state.HOST_PREFIX) :].isdigit():
+                shutil.rmtree(old, ignore_errors=True)
+        for spec in specs:
+            disks.wipe_upper(spec.name)
+            if spec.name in seeds:
+                disks.clone_upper(seeds[spec.name], plan.host_dirs(spec.name)["upper"])
+        return seeds
+
+    def drop_seeds(self) -> None:
+        shutil.rmtree(self.seed_dir("x").parent, ignore_errors=True)
+        self.seed_signatures.clear()
 
     def down(self) -> dict[str, list[str]]:
         from p40lab import hosts
@@ -180,7 +276,6 @@ def lab():
     if os.geteuid() != 0:
         pytest.fail("the lab tests need root (netns, overlayfs, mounts): run them as root", False)
     from p40lab import hosts, state
-    from p40lab.state import LabError
 
     if not state.INSTANCE:
         pytest.fail("the lab tests must run in their own lab instance (tests/conftest.py)", False)
@@ -195,6 +290,7 @@ def lab():
         h["name"] for h in state.load().get("hosts", []) if state.pid_alive(h.get("supervisor_pid"))
     ]
     if running and reuse:
+        the_lab.default_wanted = False
         yield the_lab
         return
     if running:
@@ -204,18 +300,11 @@ def lab():
             "(or set P40LAB_REUSE=1 to test against it)",
             False,
         )
-    error = None
-    try:
-        the_lab.up()
-    except LabError as exc:
-        error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - report anything, loudly
-        error = f"{type(exc).__name__}: {exc}"
-    if error is not None:  # outside the except: no chained traceback noise
-        pytest.fail(f"the simulated lab could not start: {error}", False)
+    the_lab.drop_seeds()  # of a killed session
     try:
         yield the_lab
     finally:
+        the_lab.drop_seeds()
         left = {k: v for k, v in hosts.down().items() if v}
         if left:
             pytest.fail(f"lab teardown left things behind: {left}", False)
@@ -223,3 +312,19 @@ def lab():
         if after != the_lab.user_lab_before:
             changed = sorted(k for k in after if after[k] != the_lab.user_lab_before.get(k))
             pytest.fail(f"the tests changed the default (user's) lab: {changed}", False)
+
+
+@pytest.fixture(autouse=True)
+def _default_lab(request):
+    """The default lab, up before a test that uses the lab when a module released its own."""
+    if "lab" in request.fixturenames:
+        request.getfixturevalue("lab").ensure_default()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The seeding module first among the lab modules (the others keep their order and slots)."""
+    slots = [i for i, item in enumerate(items) if item.get_closest_marker("lab")]
+    lab_items = [items[i] for i in slots]
+    lab_items.sort(key=lambda item: item.path.name != SEEDING_MODULE)  # stable
+    for i, item in zip(slots, lab_items, strict=True):
+        items[i] = item

@@ -484,4 +484,4 @@ def test_zz_down_leaves_nothing_and_up_options(lab):
         left = lab.down()
     assert not any(left.values()), left
     assert _controller_leftovers() == {k: [] for k in _controller_leftovers()}
-    lab.up()  # the session's default lab, for tests that run after this file
+    lab.default_wanted = True  # the session's default lab, before the next test that uses it

@@ -69,8 +69,7 @@ def proxied(lab, tmp_path_factory):
     finally:
         lab_proxy.stop_proxy(pid_file=proxy_pid)
         httpd.stop_server(pid_file=mirror_pid)
-        lab.down()
-        lab.up()  # the session's other modules expect a fresh default lab
+        lab.release()
 
 
 def _run(proxied, deploy: str, *args: str) -> runs.RunResult:

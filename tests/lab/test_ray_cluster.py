@@ -77,7 +77,8 @@ def wait_for(predicate, timeout: float, step: float = 2.0) -> float | None:
 def cluster(lab, tmp_path_factory):
     ENV["P40FLEET_CACHE"] = str(tmp_path_factory.mktemp("controller-cache"))
     lab.down()
-    lab.up(gpus=GPUS)
+    # from test_flows' converged P40 and P100 disks when it ran first (tests/lab/conftest.py)
+    lab.up(gpus=GPUS, seed={"lab1": "p40x4", "lab2": "p40x4", "lab3": "p100x1"})
     full = runs.run("deploy/full.py", env=ENV)
     for name in HOSTS:
         assert not full.errors[name], f"{name} did not converge:\n{full.output[-4000:]}"
@@ -88,8 +89,7 @@ def cluster(lab, tmp_path_factory):
     print(f"\nray: deploy/ray.py {first.seconds:.1f} s, 3 nodes active {seconds:.1f} s after "
           f"it started ({formed and round(formed, 1)} s after it ended)")  # fmt: skip
     yield {"lab": lab, "first": first, "formed": formed}
-    lab.down()
-    lab.up()  # the session's other modules expect a fresh default lab
+    lab.release()
 
 
 def test_three_hosts_form_one_cluster(cluster):
