@@ -16,7 +16,7 @@ import os
 
 from pyinfra import host, local, state
 
-from facts.conda import env_dir, env_python
+from facts.env import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
 from facts.survey import ask

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pyinfra import host, state
 
-from facts.conda import env_python
+from facts.env import env_python
 from facts.gpu import PciGpus
 from facts.host import LinuxDistribution, os_label
 from facts.smoke import SmokeStep, SmokeTargets

@@ -1,6 +1,6 @@
 """Facts about verl on the training user's side: the git checkout and whether its patches are in.
 
-Like the conda facts (``facts.conda``), each runs as the training user, exits 0 whatever it
+Like the env facts (``facts.env``), each runs as the training user, exits 0 whatever it
 finds and encodes the state in its output.
 """
 
@@ -12,7 +12,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
 # one marker and one way to run as the training user for all of that user's facts
-from facts.conda import _MARK, _MISSING, MarkerText, _as
+from facts.env import _MARK, _MISSING, MarkerText, _as
 from p40fleet.jsonable import ToJson
 
 __all__ = [

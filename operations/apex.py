@@ -40,8 +40,8 @@ from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.conda import EnvDistributions, MarkerText, env_python
-from facts.conda import env_dir as conda_env_dir
+from facts.env import EnvDistributions, MarkerText, env_python
+from facts.env import env_dir as conda_env_dir
 from facts.survey import Part, ask, part
 from operations.refuse import refuse_option_ref
 from operations.torch import pip_command

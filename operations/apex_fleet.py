@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pyinfra import logger
 from pyinfra.api import Host, State
 
-from facts.conda import env_dir, env_python
+from facts.env import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.survey import ask
 from operations import apex, conda

@@ -28,17 +28,8 @@ from pyinfra import host
 from pyinfra.api import Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.conda import (
-    ENV_OK,
-    TOS_NO_CONDA,
-    TOS_NO_PLUGIN,
-    TOS_PLUGIN,
-    CondaInstall,
-    CondaTos,
-    EnvPython,
-    MarkerText,
-    env_dir,
-)
+from facts.conda import TOS_NO_CONDA, TOS_NO_PLUGIN, TOS_PLUGIN, CondaInstall, CondaTos
+from facts.env import ENV_OK, EnvPython, MarkerText, env_dir
 from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.as_user import as_user

@@ -28,7 +28,7 @@ from pyinfra import host, inventory
 from pyinfra.api.exceptions import NoGroupError
 
 from facts.collective import CollectiveRunFact, CollectiveTargets
-from facts.conda import env_python
+from facts.env import env_python
 from facts.gpu import PciGpus
 from facts.ray import RayStatus
 from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets
@@ -51,7 +51,7 @@ from p40fleet.ray import (
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import collective, smoke
 from p40fleet.verification.check import FAIL, SKIP, Check, simulated_in_inventory
-from p40fleet.verification.ray_checks import left_out_checks, ray_checks
+from p40fleet.verification.checks.ray import left_out_checks, ray_checks
 
 __all__ = [
     "Membership",

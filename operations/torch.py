@@ -14,7 +14,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.conda import EnvDistributions, env_python
+from facts.env import EnvDistributions, env_python
 from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.as_user import as_user

@@ -18,7 +18,7 @@ from pyinfra import host, logger, state
 from pyinfra.api import StringCommand
 from pyinfra.api.state import BaseStateCallback
 
-from facts.conda import env_dir, env_python
+from facts.env import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.survey import ask
 from facts.verify import VerifyProbe

@@ -15,8 +15,8 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.operations import files
 
-from facts.conda import EnvDistributions, MarkerText, env_python
-from facts.conda import env_dir as conda_env_dir
+from facts.env import EnvDistributions, MarkerText, env_python
+from facts.env import env_dir as conda_env_dir
 from facts.home import UserFile
 from facts.survey import Part, ask, part
 from facts.verl import GitCheckout, VerlPatchCheck

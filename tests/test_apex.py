@@ -7,6 +7,7 @@ at the end of this file.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections import Counter
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.facts.files import Directory, File
 
-from facts.conda import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
+from facts.env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from facts.gpu import PciGpu, PciGpus
 from operations import apex, apex_fleet, conda
 from p40fleet import apex_build, preflight
@@ -23,6 +24,7 @@ from p40fleet.gpu_catalog import lookup
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.spec import SpecError, load_spec
 from tests.opharness import run_op
+from tests.probe_answers import checks_for, only_failures, sections
 
 SPEC = load_spec("lab1", {})
 ENV = "/home/verl/miniconda3/envs/verl-p40"
@@ -677,3 +679,21 @@ def test_the_build_accounts_clean_up_kills_only_this_systems_processes(tmp_path)
     assert "sleep 300" in left and "sleep 301" not in left, out.stdout + out.stderr
     # pkill -u (before) took the other namespace's process too, and userdel then refused
     assert f"{ACCOUNT}:" not in left  # the account removed
+
+
+# --- verify's apex checks (p40fleet/verification/checks/apex.py) ------------------------------
+
+
+def test_apex_cuda_ext_missing_and_key_mismatch():
+    answer = {m: "ok" for m in ("torch", "apex", "apex_C")}
+    answer |= {
+        "amp_C": "ModuleNotFoundError: No module named 'amp_C'",
+        "fused_layer_norm_cuda": "ok",
+    }
+    checks = checks_for(
+        sections(
+            apex=["@@json " + json.dumps(answer), "@@rc 0"], **{"apex-key": ["key=x", "@@rc 0"]}
+        )
+    )
+    assert only_failures(checks) == {"apex cuda ext", "apex build key"}
+    assert "amp_C" in checks["apex cuda ext"].detail

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from facts.apt_source import MIRROR_LIST, AptSources, AptSourceState
-from facts.conda import MarkerText
+from facts.env import MarkerText
 from operations import apt_source, conda
 from tests.opharness import at, run_op
 from tests.test_apt_lock import apt_commands

@@ -13,11 +13,8 @@ from types import SimpleNamespace
 
 from pyinfra.facts.files import Directory, File
 
-from facts.conda import (
-    CondaInstall,
-    CondaState,
-    CondaTos,
-    CondaTosState,
+from facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
+from facts.env import (
     EnvDistributions,
     EnvPython,
     EnvPythonState,

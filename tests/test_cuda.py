@@ -15,6 +15,7 @@ from facts.host import FreeSpace, FreeSpaceInfo
 from operations import cuda
 from p40fleet.spec import load_spec
 from tests.opharness import at, run_op
+from tests.probe_answers import checks_for, only_failures, sections
 
 FIXTURES = Path(__file__).parent / "fixtures/cuda"  # copies of shared/fixtures/cuda
 
@@ -258,3 +259,16 @@ def test_symlink_into_a_cuda_dir_counts_as_cuda():
     assert cuda.is_cuda_link("/opt/cuda", {"link_target": "/usr/local/cuda-11.8/"})
     assert not cuda.is_cuda_link("/usr/local/cuda", {"link_target": "/usr/local/cuda-11.8/../lib"})
     assert not cuda.is_cuda_link("/usr/local/cuda", {"link_target": "/opt"})
+
+
+# --- verify's cuda checks (p40fleet/verification/checks/cuda.py) ------------------------------
+
+
+def test_nvcc_12():
+    nvcc = ["Cuda compilation tools, release 12.1, V12.1.105", "@@rc 0"]
+    checks = checks_for(sections(nvcc=nvcc))
+    assert only_failures(checks) == {"nvcc"}
+    assert (
+        "release 12.1" in checks["nvcc"].detail and "expected release 11.8" in checks["nvcc"].detail
+    )
+    assert "'cuda'" in checks["nvcc"].remedy

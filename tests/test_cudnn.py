@@ -10,6 +10,7 @@ from facts.artifacts import UnsafeParent
 from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
 from operations import cudnn
 from tests.opharness import at, run_op
+from tests.probe_answers import checks_for, only_failures, sections
 
 FIXTURES = Path(__file__).parent / "fixtures/cuda"  # copies of shared/fixtures/cuda
 
@@ -320,3 +321,22 @@ def test_extract_refuses_a_dir_another_account_could_rename():
     (failure,) = r.failures
     assert "/data is owned by uid 2001" in failure and "chown root:root /data" in failure
     assert "stack.paths.cudnn_extract_dir" in failure
+
+
+# --- verify's cudnn checks (p40fleet/verification/checks/cudnn.py) ----------------------------
+
+
+def test_cudnn_not_hard_linked():
+    files = sections()[sections().index("@@section cudnn-files") + 1 :][:9]
+    files[6] = "dst 2049 555 1 regular_file lib64/libcudnn.so.8.9.7"  # a copy: other inode
+    checks = checks_for(sections(**{"cudnn-files": files}))
+    assert only_failures(checks) == {"cudnn hard links"}
+    assert "not hard links" in checks["cudnn hard links"].detail
+    assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
+
+
+def test_cudnn_wrong_version_header():
+    header = ["#define CUDNN_MAJOR 8", "#define CUDNN_MINOR 6", "#define CUDNN_PATCHLEVEL 0"]
+    checks = checks_for(sections(**{"cudnn-header": header + ["@@rc 0"]}))
+    assert only_failures(checks) == {"cudnn version"}
+    assert "8.6.0" in checks["cudnn version"].detail

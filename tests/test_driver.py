@@ -25,9 +25,11 @@ from facts.host import KernelHeaders, KernelInfo
 from facts.packages import DebInstalled
 from operations import driver
 from p40fleet.gpu_catalog import lookup
+from p40fleet.verification.check import FAIL, PASS
 from tests.opharness import at, run_op
+from tests.probe_answers import KERNEL, checks_for, only_failures, sections, smi_row
 from tests.test_apt_lock import apt_commands
-from tests.test_gpu_facts import fixture_lines, run_sh
+from tests.test_gpu import fixture_lines, run_sh
 
 PIN = "525.147.05"
 RUN = "/var/cache/p40fleet/NVIDIA-Linux-x86_64-525.147.05.run"
@@ -470,3 +472,58 @@ def test_loaded_driver_version():
     )
     assert fact.process([]) is None
     assert fact.command().rstrip().endswith("true")
+
+
+# --- verify's driver checks (p40fleet/verification/checks/driver.py) --------------------------
+
+
+def test_nvidia_smi_missing_a_gpu():
+    smi = sections()[sections().index("@@section nvidia-smi") + 1 :][:4]
+    smi = [smi[0], smi[1], "@@rc 0"]  # only the GPU at 00:06.0
+    checks = checks_for(sections(**{"nvidia-smi": smi}))
+    assert only_failures(checks) == {"nvidia-smi gpus"}
+    detail = checks["nvidia-smi gpus"].detail
+    assert "1 of the 2 GPUs" in detail and "0000:00:07.0" in detail and "10de:1b38" in detail
+    assert "dmesg" in checks["nvidia-smi gpus"].remedy
+
+
+def test_driver_mismatch():
+    smi = [
+        "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
+        smi_row(0, "0000:00:06.0", driver="535.183.01"),
+        smi_row(1, "0000:00:07.0", driver="535.183.01"),
+        "@@rc 0",
+    ]
+    checks = checks_for(
+        sections(
+            **{"nvidia-smi": smi},
+            modinfo=["535.183.01", "@@rc 0"],
+            dkms=[f"nvidia/535.183.01, {KERNEL}, x86_64: installed", "@@rc 0"],
+        )
+    )
+    assert only_failures(checks) == {"nvidia-smi driver", "driver installed", "dkms"}
+    assert "535.183.01" in checks["nvidia-smi driver"].detail
+    assert "expected 525.147.05" in checks["nvidia-smi driver"].detail
+    assert "modinfo: nvidia 535.183.01 installed" in checks["driver installed"].detail
+
+
+def test_driver_not_loaded():
+    smi = [
+        "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        "@@rc 9",
+    ]
+    checks = checks_for(sections(**{"nvidia-smi": smi}))
+    assert only_failures(checks) == {"nvidia-smi gpus", "nvidia-smi driver"}
+    assert "exit 9" in checks["nvidia-smi driver"].detail
+    assert "reboot" in checks["nvidia-smi driver"].remedy
+
+
+def test_dkms_old_format_and_other_kernel():
+    old = [f"nvidia, 525.147.05, {KERNEL}, x86_64: installed", "@@rc 0"]
+    assert checks_for(sections(dkms=old))["dkms"].status == PASS
+    other = ["nvidia/525.147.05, 5.4.0-99-generic, x86_64: installed", "@@rc 0"]
+    bad = checks_for(sections(dkms=other))["dkms"]
+    assert bad.status == FAIL and KERNEL in bad.detail and "5.4.0-99-generic" in bad.detail
+    missing = checks_for(sections(dkms=["missing=dkms", "@@rc 127"]))["dkms"]
+    assert missing.status == FAIL and missing.detail == "dkms is not installed"

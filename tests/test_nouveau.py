@@ -7,6 +7,7 @@ from pyinfra.facts.server import Which
 from facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
 from operations import nouveau
 from tests.opharness import at, run_op
+from tests.probe_answers import KERNEL, checks_for, only_failures, sections
 
 CONF = "/etc/modprobe.d/blacklist-nouveau.conf"
 GOOD = FileStamp(mtime=1000, text="blacklist nouveau\noptions nouveau modeset=0\n")
@@ -91,3 +92,13 @@ def test_nouveau_loaded():
     assert NouveauLoaded().process(["yes"]) is True
     assert NouveauLoaded().process(["no"]) is False
     assert "/sys/module/nouveau" in NouveauLoaded().command()
+
+
+# --- verify's nouveau checks (p40fleet/verification/checks/nouveau.py) ------------------------
+
+
+def test_nouveau_loaded_fails_verify():
+    host = ["sim=no", f"kernel={KERNEL}", "nouveau=loaded", "@@rc 0"]
+    checks = checks_for(sections(host=host))
+    assert only_failures(checks) == {"nouveau"}
+    assert "allow_reboot" in checks["nouveau"].remedy

@@ -22,7 +22,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
 from facts.collective import CollectiveRunFact, CollectiveTargets
-from facts.conda import EnvPython
+from facts.env import EnvPython
 from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets, SmokeStep, SmokeTargets
 from facts.verify import VerifyProbe, render_probe
 from operations import apex, conda, torch, training, training_user, verl
@@ -298,7 +298,7 @@ def test_every_fact_that_reads_a_file_has_a_limit():
 
 
 def test_marker_text_reads_4096_bytes_and_no_symlink(tmp_path):
-    from facts.conda import MarkerText
+    from facts.env import MarkerText
 
     big = tmp_path / "big"
     with open(big, "wb") as fh:

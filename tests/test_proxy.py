@@ -13,7 +13,8 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Which
 
 from facts.apt_source import AptSources, AptSourceState
-from facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState, EnvPython, EnvPythonState
+from facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
+from facts.env import EnvPython, EnvPythonState
 from facts.host import KernelHeaders, KernelInfo
 from facts.mirror import UrlHead
 from facts.verl import GitCheckout, GitState

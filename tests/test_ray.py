@@ -30,7 +30,7 @@ from p40fleet.ray import (
 )
 from p40fleet.spec import SpecError, load_spec
 from p40fleet.verification.check import FAIL, PASS, SKIP
-from p40fleet.verification.ray_checks import left_out_checks, ray_checks
+from p40fleet.verification.checks.ray import left_out_checks, ray_checks
 
 #: The tests' own user: the facts' privilege drop runs without runuser then.
 ME = getpass.getuser()

@@ -31,14 +31,12 @@ from pyinfra.facts.server import Groups, Users
 
 from facts.apt_source import AptSources, AptSourceState
 from facts.artifacts import ArtifactFile, ArtifactState, UnsafeParent
-from facts.conda import (
-    CONDA_HEALTHY,
+from facts.conda import CONDA_HEALTHY, TOS_PLUGIN, CondaInstall, CondaState, CondaTos, CondaTosState
+from facts.cuda import CudaInstall, CudaToolkit, NvccRelease
+from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
+from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi, SmiGpu, SmiResult
+from facts.env import (
     ENV_OK,
-    TOS_PLUGIN,
-    CondaInstall,
-    CondaState,
-    CondaTos,
-    CondaTosState,
     Dist,
     EnvDistributions,
     EnvPython,
@@ -47,9 +45,6 @@ from facts.conda import (
     env_dir,
     env_python,
 )
-from facts.cuda import CudaInstall, CudaToolkit, NvccRelease
-from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
-from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi, SmiGpu, SmiResult
 from facts.gpu import PciGpu, PciGpus
 from facts.home import UserFile, UserFileState
 from facts.host import KernelHeaders, KernelInfo

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 
-from facts.conda import Dist, EnvDistributions
+from facts.env import Dist, EnvDistributions
 from operations import torch
 from p40fleet import hashlock
+from p40fleet.verification.check import PASS, SKIP
 from tests.opharness import run_op
+from tests.probe_answers import checks_for, only_failures, p40, sections
 from tests.pylayer import PY
 
 FILES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "files")
@@ -160,3 +163,43 @@ def test_real_lock_header_states_provenance_and_the_triton_file():
     assert "triton-3.2.0-cp310-cp310-manylinux_2_17_x86_64.manylinux2014_x86_64.whl" in header
     assert "triton-3.2.0-cp310-cp310-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl" in header
     assert "stack.torch.sha256.triton" in header
+
+
+# --- verify's torch checks (p40fleet/verification/checks/torch.py) ----------------------------
+
+
+def test_wrong_torch_version():
+    torch = {"version": "2.5.1+cu118", "cuda_version": "11.8", "cuda_available": True}
+    torch |= {"device_count": 2, "capability": [6, 1], "capabilities": [[6, 1], [6, 1]]}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
+    assert only_failures(checks) == {"torch version"}
+    bad = checks["torch version"]
+    assert "2.5.1+cu118" in bad.detail and "2.6.0+cu118" in bad.detail
+    assert "force_reinstall" in bad.remedy and "deploy/python.py" in bad.remedy
+
+
+def test_cuda_unavailable():
+    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": False}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
+    assert only_failures(checks) == {"torch cuda"}
+    assert "is_available() is False" in checks["torch cuda"].detail
+    assert checks["torch cuda"].remedy
+    assert checks["torch capability"].status == SKIP  # not measurable, not a faked PASS
+
+
+def test_capability_mismatch():
+    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": True}
+    torch |= {"device_count": 1, "capability": [7, 0], "capabilities": [[7, 0]]}
+    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
+    assert only_failures(checks) == {"torch capability"}
+    assert "7.0" in checks["torch capability"].detail and "6.1" in checks["torch capability"].detail
+
+
+def test_lowest_capability_on_a_mixed_host():
+    gpus = [p40("0000:00:06.0"), p40("0000:00:07.0", device=0x15F8)]  # P40 6.1 + P100 6.0
+    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": True}
+    torch |= {"device_count": 2, "capability": [6, 1], "capabilities": [[6, 1], [6, 0]]}
+    lines = sections(torch=["@@json " + json.dumps(torch), "@@rc 0"])
+    checks = checks_for(lines, gpus=gpus)
+    assert checks["torch capability"].status == PASS
+    assert "6.0" in checks["torch capability"].detail

@@ -8,6 +8,7 @@ import getpass
 import hashlib
 import os
 import subprocess
+from dataclasses import replace
 
 import pytest
 from pyinfra.facts.files import Directory, File
@@ -19,9 +20,23 @@ from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import training, training_user
 from p40fleet.launch import LaunchError, plan_launch
 from p40fleet.spec import load_spec
-from p40fleet.training import MARKER
+from p40fleet.training import MARKER, TrainingTarget
+from p40fleet.verification.check import FAIL, SKIP
 from p40lab import training_data
 from tests.opharness import at, run_op
+from tests.probe_answers import (
+    LAUNCH,
+    MODEL,
+    TARGET,
+    TRAIN,
+    VAL,
+    checks_for,
+    compose_json,
+    model_json,
+    only_failures,
+    sections,
+    trainer_json,
+)
 
 #: The tests' own user: the facts' privilege drop runs without runuser then.
 ME = getpass.getuser()
@@ -238,7 +253,7 @@ def test_a_host_without_a_plan_is_refused():
 def test_the_hosts_plan_is_made_from_its_own_facts():
     """``host_plan`` / ``training_target`` with pyinfra's ``host`` (a context proxy)."""
     from facts.gpu import PciGpus
-    from tests.test_verification import p40
+    from tests.probe_answers import p40
 
     targets = []
 
@@ -329,3 +344,112 @@ def test_user_with_other_uid_is_refused():
     users = {"verl": {"uid": 1500, "home": "/home/verl", "shell": "/bin/bash", "group": "verl"}}
     result = _user({Users: users, Directory: None})
     assert result.commands == ["function _fail"] and "uid 1500" in result.failures[0]
+
+
+# --- verify's training checks (p40fleet/verification/checks/training.py) ----------------------
+
+
+def test_training_path_pass_names_what_it_saw():
+    checks = checks_for(sections())
+    assert "verl.trainer.main_ppo" in checks["trainer modules"].detail
+    assert "2 overrides" in checks["launch overrides"].detail
+    assert MODEL in checks["model files"].detail and "qwen2" in checks["model files"].detail
+    assert TRAIN in checks["data files"].detail and VAL in checks["data files"].detail
+
+
+def test_missing_trainer_module_is_named_with_the_fix():
+    err = {"ok": False, "missing": "torchdata",
+           "error": "ModuleNotFoundError: No module named 'torchdata'"}  # fmt: skip
+    checks = checks_for(sections(trainer=trainer_json(**{"verl.trainer.main_ppo": err})))
+    assert only_failures(checks) == {"trainer modules"}
+    bad = checks["trainer modules"]
+    assert "verl.trainer.main_ppo" in bad.detail and "torchdata" in bad.detail
+    assert "verl.workers.fsdp_workers" not in bad.detail  # only the failing one
+    assert "torchdata" in bad.remedy and "files/verl-requirements-" in bad.remedy
+
+
+def test_trainer_import_that_kills_the_interpreter_fails():
+    checks = checks_for(sections(trainer=["! Segmentation fault", "@@rc 139"]))
+    assert checks["trainer modules"].status == FAIL
+    assert "exit 139" in checks["trainer modules"].detail
+
+
+def test_override_verl_refuses_is_named():
+    bad = {"+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32": "ConfigCompositionException: "
+           "Could not append to config. An item is already at 'model_dtype'"}  # fmt: skip
+    compose = compose_json(ok=False, error="ConfigCompositionException: ...", base_error=None,
+                           bad=bad)  # fmt: skip
+    checks = checks_for(sections(compose=compose))
+    assert only_failures(checks) == {"launch overrides"}
+    check = checks["launch overrides"]
+    assert "+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32" in check.detail
+    assert "p40fleet/launch.py" in check.remedy
+
+
+def test_a_launch_script_that_runs_other_inputs_than_the_plan_fails():
+    """The checks of the model and data look at the plan's paths: a script that reads other
+    ones (edited by hand, or left from an older plan) is not what verify looked at."""
+    other = "/home/verl/models/other"
+    checks = checks_for(sections(compose=compose_json(model_path=other)))
+    assert only_failures(checks) == {"launch overrides"}
+    check = checks["launch overrides"]
+    assert f"MODEL_PATH {other!r}" in check.detail and repr(MODEL) in check.detail
+    assert "deploy/training.py" in check.remedy and LAUNCH in check.remedy
+    target = replace(TARGET, python="/opt/env/bin/python")  # the plan's interpreter differs
+    check = checks_for(sections(), training=target)["launch overrides"]
+    assert (
+        check.status == FAIL and "PYTHON" in check.detail and "/opt/env/bin/python" in check.detail
+    )
+    moved = checks_for(sections(compose=compose_json(entry_point="verl.other")))
+    assert "python -m 'verl.other'" in moved["launch overrides"].detail
+
+
+def test_a_missing_or_foreign_launch_script_fails_with_the_training_fix():
+    gone = checks_for(sections(compose=compose_json(absent=True, ok=None)))["launch overrides"]
+    assert gone.status == FAIL and gone.detail == f"no launch script {LAUNCH}"
+    assert "deploy/training.py" in gone.remedy
+    odd = compose_json(unreadable="0 `exec \"$PYTHON\" -m` lines, not 1: not the script "
+                       "p40fleet writes", ok=None)  # fmt: skip
+    check = checks_for(sections(compose=odd))["launch overrides"]
+    assert check.status == FAIL and "not the script p40fleet writes" in check.detail
+    assert "deploy/training.py" in check.remedy
+
+
+def test_no_launch_plan_fails_with_the_reason():
+    target = TrainingTarget(MODEL, TRAIN, VAL, problem="memory size of device 0x1234 unknown")
+    checks = checks_for(sections(), training=target)
+    assert checks["launch overrides"].status == FAIL
+    assert "memory size of device 0x1234 unknown" in checks["launch overrides"].detail
+
+
+def test_model_dir_missing_or_incomplete_names_the_path():
+    gone = checks_for(sections(model=model_json(exists=False)))["model files"]
+    assert gone.status == FAIL and MODEL in gone.detail
+    assert "save the Hugging Face model into " + MODEL in gone.remedy  # no archive in the spec
+    lacking = checks_for(sections(model=model_json(files=["config.json", "tokenizer.json"])))
+    assert lacking["model files"].status == FAIL and "weights" in lacking["model files"].detail
+    tok = checks_for(sections(model=model_json(tokenizer_error="OSError: bad tokenizer.json")))
+    assert tok["model files"].status == FAIL and "bad tokenizer.json" in tok["model files"].detail
+
+
+def test_model_remedy_names_the_archive_when_the_spec_has_one():
+    archive = {"filename": "m.tar", "sha256": "a" * 64, "url": "https://example.org/m.tar"}
+    spec = load_spec("lab1", {"training": {"model": {"archive": archive}}})
+    check = checks_for(sections(model=model_json(exists=False)), spec=spec)["model files"]
+    assert "deploy/training.py" in check.remedy and "m.tar" in check.remedy
+
+
+def test_data_file_missing_empty_or_not_parquet_is_named():
+    data = [f"found 3977 PAR1_ {TRAIN}", f"missing={VAL}", "@@rc 0"]
+    check = checks_for(sections(**{"training-data": data}))["data files"]
+    assert check.status == FAIL and VAL in check.detail and TRAIN not in check.detail
+    assert "gsm8k.py --local_dir /home/verl/data/gsm8k" in check.remedy
+    data = [f"found 0 _ {TRAIN}", f"found 12 abcd_ {VAL}", "@@rc 0"]
+    check = checks_for(sections(**{"training-data": data}))["data files"]
+    assert f"{TRAIN} is empty" in check.detail and f"{VAL} is not a parquet" in check.detail
+
+
+def test_without_a_plan_the_training_checks_skip():
+    checks = checks_for(sections(), training=None)
+    for name in ("launch overrides", "model files", "data files"):
+        assert checks[name].status == SKIP

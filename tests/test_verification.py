@@ -1,8 +1,10 @@
 """p40fleet.verification: crafted probe outputs -> PASS / FAIL / SKIP, and the real probe script.
 
 The crafted outputs are what ``files/verify-probe.sh.j2`` prints (sections of key=value lines,
-``@@json`` answers, raw command output, ``@@rc``). The last tests render the real probe and run
-it with ``sh`` against a fake CUDA/cuDNN tree and a fake conda env in tmp.
+``@@json`` answers, raw command output, ``@@rc``: ``tests/probe_answers.py``). Here: the PASS
+case, what spans components, the registry; one component's checks are tested with its other
+layers (``tests/test_<component>.py``). The last tests render the real probe and run it with
+``sh`` against a fake CUDA/cuDNN tree and a fake conda env in tmp.
 """
 
 from __future__ import annotations
@@ -12,191 +14,29 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from facts.gpu import PciGpu
 from facts.verify import VerifyProbe, render_probe
-from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
 from p40fleet.verification.probe import ProbeTargets, parse_probe
 from p40fleet.verification.run import CHECK_NAMES, LAB_MARKER, PROBE, REGISTRY, run_checks
-from p40fleet.verl_patches import rule_set
-
-SPEC = load_spec("lab1", {})
-KERNEL = "5.4.0-150-generic"
-COMMIT = SPEC.verl.commit
-APEX_KEY = "25.09-4bdecd06b3c4_torch2.6.0-cu118_cuda11.8.0_sm6.1_py3.10_cpp-cuda"
-PASCAL_RULES = [r.id for r in rule_set("v0.5.0", "pascal").rules]
-PATCHED = sorted({r.file for r in rule_set("v0.5.0", "pascal").rules})
-SHA = {f: f"{i:064x}" for i, f in enumerate(PATCHED)}
-MODEL = "/home/verl/models/Qwen2.5-0.5B-Instruct"
-TRAIN, VAL = "/home/verl/data/gsm8k/train.parquet", "/home/verl/data/gsm8k/test.parquet"
-OVERRIDES = ("data.train_batch_size=64", "actor_rollout_ref.rollout.name=hf")
-TARGET = TrainingTarget(MODEL, TRAIN, VAL, OVERRIDES)
-TRAINER_MODULES = ("verl.trainer.main_ppo", "verl.workers.fsdp_workers",
-                   "verl.workers.rollout.hf_rollout", "verl.utils.dataset.rl_dataset")  # fmt: skip
-
-
-LAUNCH = "/home/verl/launch-ppo.sh"
-
-
-def compose_json(**over) -> list[str]:
-    """The compose section: what ~/launch-ppo.sh runs (read from it) and whether it composes."""
-    answer = {"script": LAUNCH, "python": "/home/verl/miniconda3/envs/verl/bin/python",
-              "workdir": "/home/verl", "model_path": MODEL, "train_file": TRAIN, "val_file": VAL,
-              "entry_point": "verl.trainer.main_ppo",
-              "config_dir": "/home/verl/verl/verl/trainer/config", "count": len(OVERRIDES),
-              "ok": True} | over  # fmt: skip
-    return ["@@json " + json.dumps(answer), "@@rc 0"]
-
-
-def model_json(**over) -> list[str]:
-    answer = {"path": MODEL, "exists": True, "model_type": "qwen2", "tokens": 151665,
-              "files": ["config.json", "model.safetensors", "tokenizer.json",
-                        "tokenizer_config.json"]} | over  # fmt: skip
-    return ["@@json " + json.dumps(answer), "@@rc 0"]
-
-
-def trainer_json(**bad: dict) -> list[str]:
-    modules = {m: bad.get(m, {"ok": True}) for m in TRAINER_MODULES}
-    return ["@@json " + json.dumps({"modules": modules}), "@@rc 0"]
-
-
-def p40(bus: str, device: int = 0x1B38) -> PciGpu:
-    return PciGpu(
-        bus_id=bus,
-        vendor_id=0x10DE,
-        device_id=device,
-        pci_class=0x030200,
-        subsystem_vendor=0x10DE,
-        subsystem_device=0x11D9,
-        model=lookup(device),
-    )
-
-
-GPUS = [p40("0000:00:06.0"), p40("0000:00:07.0")]
-
-
-def smi_row(index: int, bus: str, driver: str = "525.147.05", dev: str = "0x1B3810DE") -> str:
-    return f"{index}, Tesla P40, 0000{bus}, {dev}, 6.1, {driver}"
-
-
-def sections(**over: list[str] | None) -> dict[str, list[str]]:
-    """The P40 PASS case, section by section; ``over`` replaces (None: drops) sections."""
-    base: dict[str, list[str] | None] = {
-        "host": ["sim=no", f"kernel={KERNEL}", "nouveau=absent", "@@rc 0"],
-        "modinfo": ["525.147.05", "@@rc 0"],
-        "dkms": [f"nvidia/525.147.05, {KERNEL}, x86_64: installed", "@@rc 0"],
-        "nvidia-smi": [
-            "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
-            smi_row(0, "0000:00:06.0"),
-            smi_row(1, "0000:00:07.0"),
-            "@@rc 0",
-        ],
-        "nvcc": [
-            "nvcc: NVIDIA (R) Cuda compiler driver",
-            "Cuda compilation tools, release 11.8, V11.8.89",
-            "@@rc 0",
-        ],
-        "cudnn-header": [
-            "#define CUDNN_MAJOR 8",
-            "#define CUDNN_MINOR 9",
-            "#define CUDNN_PATCHLEVEL 7",
-            "@@rc 0",
-        ],
-        "cudnn-files": [
-            "tree=/usr/local/src/cudnn",
-            "cuda_dir=/usr/local/cuda-11.8",
-            "src 2049 100 2 regular_file include/cudnn_version.h",
-            "src 2049 101 2 regular_file lib/libcudnn.so.8.9.7",
-            "src 2049 102 2 symbolic_link lib/libcudnn.so.8",
-            "dst 2049 100 2 regular_file include/cudnn_version.h",
-            "dst 2049 101 2 regular_file lib64/libcudnn.so.8.9.7",
-            "dst 2049 102 2 symbolic_link lib64/libcudnn.so.8",
-            "@@rc 0",
-        ],
-        "python": [
-            '@@json {"version": "3.10.12", "executable": "/home/verl/miniconda3/envs/verl-p40/'
-            'bin/python"}',
-            "@@rc 0",
-        ],
-        "torch": [
-            "! a warning from somewhere=1",
-            "@@json "
-            + json.dumps(
-                {
-                    "version": "2.6.0+cu118",
-                    "cuda_version": "11.8",
-                    "cuda_available": True,
-                    "device_count": 2,
-                    "capability": [6, 1],
-                    "capabilities": [[6, 1], [6, 1]],
-                }
-            ),
-            "@@rc 0",
-        ],
-        "verl": [
-            '@@json {"version": "0.5.0", "file": "/home/verl/verl/verl/__init__.py"}',
-            "@@rc 0",
-        ],
-        "apex": [
-            "@@json "
-            + json.dumps(
-                {m: "ok" for m in ("torch", "apex", "apex_C", "amp_C", "fused_layer_norm_cuda")}
-            ),
-            "@@rc 0",
-        ],
-        "trainer": trainer_json(),
-        "compose": compose_json(),
-        "model": model_json(),
-        "training-data": [f"found 3977 PAR1_ {TRAIN}", f"found 7061 PAR1_ {VAL}", "@@rc 0"],
-        "apex-key": [f"key={APEX_KEY}", "@@rc 0"],
-        "verl-git": [f"head={COMMIT}", f"ref={COMMIT}"]
-        + [f"modified={f}" for f in PATCHED]
-        + ["@@rc 0"],
-        "verl-patches": [
-            "@@json "
-            + json.dumps(
-                {
-                    "ref": "v0.5.0",
-                    "profile": "pascal",
-                    "rule_ids": PASCAL_RULES,
-                    "files": SHA,
-                    "found": SHA,
-                }
-            ),
-            "@@rc 0",
-        ],
-    }
-    base.update(over)
-    lines = ["@@p40fleet-verify 1"]
-    for name, body in base.items():
-        if body is not None:
-            lines += [f"@@section {name}", *body]
-    return lines + ["@@end"]
-
-
-def checks_for(
-    lines: list[str], gpus=GPUS, spec=SPEC, apex_key=APEX_KEY, training=TARGET, simulated=False
-) -> dict[str, Check]:
-    result = run_checks(parse_probe(lines), spec, gpus, apex_key=apex_key, training=training,
-                        simulated=simulated)  # fmt: skip
-    assert [c.name for c in result] == [n for n in CHECK_NAMES if n in {c.name for c in result}]
-    return {c.name: c for c in result}
-
-
-def status(checks: dict[str, Check]) -> dict[str, str]:
-    return {name: c.status for name, c in checks.items()}
-
-
-def only_failures(checks: dict[str, Check]) -> set[str]:
-    return {name for name, c in checks.items() if c.status == FAIL}
-
+from tests.probe_answers import (
+    APEX_KEY,
+    GPUS,
+    KERNEL,
+    MODEL,
+    PATCHED,
+    SPEC,
+    TARGET,
+    TRAINER_MODULES,
+    checks_for,
+    only_failures,
+    sections,
+)
 
 # --- the PASS case ---------------------------------------------------------------------------
 
@@ -222,282 +62,7 @@ def test_parse_probe_sections_and_noise():
     assert answers.section("verl-git").values("modified") == PATCHED
 
 
-# --- one thing wrong at a time ---------------------------------------------------------------
-
-
-def test_wrong_torch_version():
-    torch = {"version": "2.5.1+cu118", "cuda_version": "11.8", "cuda_available": True}
-    torch |= {"device_count": 2, "capability": [6, 1], "capabilities": [[6, 1], [6, 1]]}
-    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
-    assert only_failures(checks) == {"torch version"}
-    bad = checks["torch version"]
-    assert "2.5.1+cu118" in bad.detail and "2.6.0+cu118" in bad.detail
-    assert "force_reinstall" in bad.remedy and "deploy/python.py" in bad.remedy
-
-
-def test_cuda_unavailable():
-    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": False}
-    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
-    assert only_failures(checks) == {"torch cuda"}
-    assert "is_available() is False" in checks["torch cuda"].detail
-    assert checks["torch cuda"].remedy
-    assert checks["torch capability"].status == SKIP  # not measurable, not a faked PASS
-
-
-def test_capability_mismatch():
-    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": True}
-    torch |= {"device_count": 1, "capability": [7, 0], "capabilities": [[7, 0]]}
-    checks = checks_for(sections(torch=["@@json " + json.dumps(torch), "@@rc 0"]))
-    assert only_failures(checks) == {"torch capability"}
-    assert "7.0" in checks["torch capability"].detail and "6.1" in checks["torch capability"].detail
-
-
-def test_lowest_capability_on_a_mixed_host():
-    gpus = [p40("0000:00:06.0"), p40("0000:00:07.0", device=0x15F8)]  # P40 6.1 + P100 6.0
-    torch = {"version": "2.6.0+cu118", "cuda_version": "11.8", "cuda_available": True}
-    torch |= {"device_count": 2, "capability": [6, 1], "capabilities": [[6, 1], [6, 0]]}
-    lines = sections(torch=["@@json " + json.dumps(torch), "@@rc 0"])
-    checks = checks_for(lines, gpus=gpus)
-    assert checks["torch capability"].status == PASS
-    assert "6.0" in checks["torch capability"].detail
-
-
-def test_nvidia_smi_missing_a_gpu():
-    smi = sections()[sections().index("@@section nvidia-smi") + 1 :][:4]
-    smi = [smi[0], smi[1], "@@rc 0"]  # only the GPU at 00:06.0
-    checks = checks_for(sections(**{"nvidia-smi": smi}))
-    assert only_failures(checks) == {"nvidia-smi gpus"}
-    detail = checks["nvidia-smi gpus"].detail
-    assert "1 of the 2 GPUs" in detail and "0000:00:07.0" in detail and "10de:1b38" in detail
-    assert "dmesg" in checks["nvidia-smi gpus"].remedy
-
-
-def test_driver_mismatch():
-    smi = [
-        "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
-        smi_row(0, "0000:00:06.0", driver="535.183.01"),
-        smi_row(1, "0000:00:07.0", driver="535.183.01"),
-        "@@rc 0",
-    ]
-    checks = checks_for(
-        sections(
-            **{"nvidia-smi": smi},
-            modinfo=["535.183.01", "@@rc 0"],
-            dkms=[f"nvidia/535.183.01, {KERNEL}, x86_64: installed", "@@rc 0"],
-        )
-    )
-    assert only_failures(checks) == {"nvidia-smi driver", "driver installed", "dkms"}
-    assert "535.183.01" in checks["nvidia-smi driver"].detail
-    assert "expected 525.147.05" in checks["nvidia-smi driver"].detail
-    assert "modinfo: nvidia 535.183.01 installed" in checks["driver installed"].detail
-
-
-def test_driver_not_loaded():
-    smi = [
-        "fields=index,name,pci.bus_id,pci.device_id,compute_cap,driver_version",
-        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-        "@@rc 9",
-    ]
-    checks = checks_for(sections(**{"nvidia-smi": smi}))
-    assert only_failures(checks) == {"nvidia-smi gpus", "nvidia-smi driver"}
-    assert "exit 9" in checks["nvidia-smi driver"].detail
-    assert "reboot" in checks["nvidia-smi driver"].remedy
-
-
-def test_dkms_old_format_and_other_kernel():
-    old = [f"nvidia, 525.147.05, {KERNEL}, x86_64: installed", "@@rc 0"]
-    assert checks_for(sections(dkms=old))["dkms"].status == PASS
-    other = ["nvidia/525.147.05, 5.4.0-99-generic, x86_64: installed", "@@rc 0"]
-    bad = checks_for(sections(dkms=other))["dkms"]
-    assert bad.status == FAIL and KERNEL in bad.detail and "5.4.0-99-generic" in bad.detail
-    missing = checks_for(sections(dkms=["missing=dkms", "@@rc 127"]))["dkms"]
-    assert missing.status == FAIL and missing.detail == "dkms is not installed"
-
-
-def test_nvcc_12():
-    nvcc = ["Cuda compilation tools, release 12.1, V12.1.105", "@@rc 0"]
-    checks = checks_for(sections(nvcc=nvcc))
-    assert only_failures(checks) == {"nvcc"}
-    assert (
-        "release 12.1" in checks["nvcc"].detail and "expected release 11.8" in checks["nvcc"].detail
-    )
-    assert "'cuda'" in checks["nvcc"].remedy
-
-
-def test_cudnn_not_hard_linked():
-    files = sections()[sections().index("@@section cudnn-files") + 1 :][:9]
-    files[6] = "dst 2049 555 1 regular_file lib64/libcudnn.so.8.9.7"  # a copy: other inode
-    checks = checks_for(sections(**{"cudnn-files": files}))
-    assert only_failures(checks) == {"cudnn hard links"}
-    assert "not hard links" in checks["cudnn hard links"].detail
-    assert "lib64/libcudnn.so.8.9.7" in checks["cudnn hard links"].detail
-
-
-def test_cudnn_wrong_version_header():
-    header = ["#define CUDNN_MAJOR 8", "#define CUDNN_MINOR 6", "#define CUDNN_PATCHLEVEL 0"]
-    checks = checks_for(sections(**{"cudnn-header": header + ["@@rc 0"]}))
-    assert only_failures(checks) == {"cudnn version"}
-    assert "8.6.0" in checks["cudnn version"].detail
-
-
-def test_verl_version_mismatch():
-    verl = ['@@json {"version": "0.4.1", "file": "/x"}', "@@rc 0"]
-    checks = checks_for(sections(verl=verl))
-    assert only_failures(checks) == {"verl version"}
-    assert "0.4.1" in checks["verl version"].detail and "0.5.0" in checks["verl version"].detail
-
-
-def test_verl_import_error_and_timeout():
-    err = ['@@json {"error": "ModuleNotFoundError: No module named \'ray\'"}', "@@rc 0"]
-    assert "No module named 'ray'" in checks_for(sections(verl=err))["verl version"].detail
-    timeout = ["! still importing", "@@rc 124"]
-    assert "timed out" in checks_for(sections(verl=timeout))["verl version"].detail
-
-
-def test_verl_checkout_and_patches():
-    other = "0" * 40
-    git = [f"head={other}", f"ref={COMMIT}", "@@rc 0"]
-    assert checks_for(sections(**{"verl-git": git}))["verl checkout"].status == FAIL
-    drift = dict(SHA)
-    drift[PATCHED[0]] = "f" * 64
-    rec = {"ref": "v0.5.0", "profile": "pascal", "rule_ids": PASCAL_RULES}
-    rec |= {"files": SHA, "found": drift}
-    bad = checks_for(sections(**{"verl-patches": ["@@json " + json.dumps(rec), "@@rc 0"]}))
-    assert only_failures(bad) == {"verl patches"}
-    assert "local edits" in bad["verl patches"].detail and PATCHED[0] in bad["verl patches"].detail
-    none = checks_for(sections(**{"verl-patches": ["missing=/home/verl/verl/.p40", "@@rc 0"]}))
-    assert none["verl patches"].status == FAIL and "not applied" in none["verl patches"].detail
-
-
-def test_apex_cuda_ext_missing_and_key_mismatch():
-    answer = {m: "ok" for m in ("torch", "apex", "apex_C")}
-    answer |= {
-        "amp_C": "ModuleNotFoundError: No module named 'amp_C'",
-        "fused_layer_norm_cuda": "ok",
-    }
-    checks = checks_for(
-        sections(
-            apex=["@@json " + json.dumps(answer), "@@rc 0"], **{"apex-key": ["key=x", "@@rc 0"]}
-        )
-    )
-    assert only_failures(checks) == {"apex cuda ext", "apex build key"}
-    assert "amp_C" in checks["apex cuda ext"].detail
-
-
-def test_nouveau_loaded():
-    host = ["sim=no", f"kernel={KERNEL}", "nouveau=loaded", "@@rc 0"]
-    checks = checks_for(sections(host=host))
-    assert only_failures(checks) == {"nouveau"}
-    assert "allow_reboot" in checks["nouveau"].remedy
-
-
-# --- the training path -----------------------------------------------------------------------
-
-
-def test_training_path_pass_names_what_it_saw():
-    checks = checks_for(sections())
-    assert "verl.trainer.main_ppo" in checks["trainer modules"].detail
-    assert "2 overrides" in checks["launch overrides"].detail
-    assert MODEL in checks["model files"].detail and "qwen2" in checks["model files"].detail
-    assert TRAIN in checks["data files"].detail and VAL in checks["data files"].detail
-
-
-def test_missing_trainer_module_is_named_with_the_fix():
-    err = {"ok": False, "missing": "torchdata",
-           "error": "ModuleNotFoundError: No module named 'torchdata'"}  # fmt: skip
-    checks = checks_for(sections(trainer=trainer_json(**{"verl.trainer.main_ppo": err})))
-    assert only_failures(checks) == {"trainer modules"}
-    bad = checks["trainer modules"]
-    assert "verl.trainer.main_ppo" in bad.detail and "torchdata" in bad.detail
-    assert "verl.workers.fsdp_workers" not in bad.detail  # only the failing one
-    assert "torchdata" in bad.remedy and "files/verl-requirements-" in bad.remedy
-
-
-def test_trainer_import_that_kills_the_interpreter_fails():
-    checks = checks_for(sections(trainer=["! Segmentation fault", "@@rc 139"]))
-    assert checks["trainer modules"].status == FAIL
-    assert "exit 139" in checks["trainer modules"].detail
-
-
-def test_override_verl_refuses_is_named():
-    bad = {"+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32": "ConfigCompositionException: "
-           "Could not append to config. An item is already at 'model_dtype'"}  # fmt: skip
-    compose = compose_json(ok=False, error="ConfigCompositionException: ...", base_error=None,
-                           bad=bad)  # fmt: skip
-    checks = checks_for(sections(compose=compose))
-    assert only_failures(checks) == {"launch overrides"}
-    check = checks["launch overrides"]
-    assert "+actor_rollout_ref.ref.fsdp_config.model_dtype=fp32" in check.detail
-    assert "p40fleet/launch.py" in check.remedy
-
-
-def test_a_launch_script_that_runs_other_inputs_than_the_plan_fails():
-    """The checks of the model and data look at the plan's paths: a script that reads other
-    ones (edited by hand, or left from an older plan) is not what verify looked at."""
-    other = "/home/verl/models/other"
-    checks = checks_for(sections(compose=compose_json(model_path=other)))
-    assert only_failures(checks) == {"launch overrides"}
-    check = checks["launch overrides"]
-    assert f"MODEL_PATH {other!r}" in check.detail and repr(MODEL) in check.detail
-    assert "deploy/training.py" in check.remedy and LAUNCH in check.remedy
-    target = replace(TARGET, python="/opt/env/bin/python")  # the plan's interpreter differs
-    check = checks_for(sections(), training=target)["launch overrides"]
-    assert (
-        check.status == FAIL and "PYTHON" in check.detail and "/opt/env/bin/python" in check.detail
-    )
-    moved = checks_for(sections(compose=compose_json(entry_point="verl.other")))
-    assert "python -m 'verl.other'" in moved["launch overrides"].detail
-
-
-def test_a_missing_or_foreign_launch_script_fails_with_the_training_fix():
-    gone = checks_for(sections(compose=compose_json(absent=True, ok=None)))["launch overrides"]
-    assert gone.status == FAIL and gone.detail == f"no launch script {LAUNCH}"
-    assert "deploy/training.py" in gone.remedy
-    odd = compose_json(unreadable="0 `exec \"$PYTHON\" -m` lines, not 1: not the script "
-                       "p40fleet writes", ok=None)  # fmt: skip
-    check = checks_for(sections(compose=odd))["launch overrides"]
-    assert check.status == FAIL and "not the script p40fleet writes" in check.detail
-    assert "deploy/training.py" in check.remedy
-
-
-def test_no_launch_plan_fails_with_the_reason():
-    target = TrainingTarget(MODEL, TRAIN, VAL, problem="memory size of device 0x1234 unknown")
-    checks = checks_for(sections(), training=target)
-    assert checks["launch overrides"].status == FAIL
-    assert "memory size of device 0x1234 unknown" in checks["launch overrides"].detail
-
-
-def test_model_dir_missing_or_incomplete_names_the_path():
-    gone = checks_for(sections(model=model_json(exists=False)))["model files"]
-    assert gone.status == FAIL and MODEL in gone.detail
-    assert "save the Hugging Face model into " + MODEL in gone.remedy  # no archive in the spec
-    lacking = checks_for(sections(model=model_json(files=["config.json", "tokenizer.json"])))
-    assert lacking["model files"].status == FAIL and "weights" in lacking["model files"].detail
-    tok = checks_for(sections(model=model_json(tokenizer_error="OSError: bad tokenizer.json")))
-    assert tok["model files"].status == FAIL and "bad tokenizer.json" in tok["model files"].detail
-
-
-def test_model_remedy_names_the_archive_when_the_spec_has_one():
-    archive = {"filename": "m.tar", "sha256": "a" * 64, "url": "https://example.org/m.tar"}
-    spec = load_spec("lab1", {"training": {"model": {"archive": archive}}})
-    check = checks_for(sections(model=model_json(exists=False)), spec=spec)["model files"]
-    assert "deploy/training.py" in check.remedy and "m.tar" in check.remedy
-
-
-def test_data_file_missing_empty_or_not_parquet_is_named():
-    data = [f"found 3977 PAR1_ {TRAIN}", f"missing={VAL}", "@@rc 0"]
-    check = checks_for(sections(**{"training-data": data}))["data files"]
-    assert check.status == FAIL and VAL in check.detail and TRAIN not in check.detail
-    assert "gsm8k.py --local_dir /home/verl/data/gsm8k" in check.remedy
-    data = [f"found 0 _ {TRAIN}", f"found 12 abcd_ {VAL}", "@@rc 0"]
-    check = checks_for(sections(**{"training-data": data}))["data files"]
-    assert f"{TRAIN} is empty" in check.detail and f"{VAL} is not a parquet" in check.detail
-
-
-def test_without_a_plan_the_training_checks_skip():
-    checks = checks_for(sections(), training=None)
-    for name in ("launch overrides", "model files", "data files"):
-        assert checks[name].status == SKIP
+# --- one thing wrong at a time: in each component's tests (tests/test_<component>.py) --------
 
 
 # --- simulated host, no GPU, bad spec, broken probe ------------------------------------------
@@ -564,11 +129,6 @@ def test_no_gpu_facts_fail_the_host():
     assert checks["gpus"].status == FAIL and "no NVIDIA GPU" in checks["gpus"].detail
     assert checks["verl patches"].status == SKIP
     assert host_verdict(checks.values()) == FAIL
-
-
-def test_refused_gpu_fails_the_host():
-    checks = checks_for(sections(), gpus=[p40("0000:00:06.0", device=0x2335)])  # H200
-    assert checks["gpus"].status == FAIL and "R525" in checks["gpus"].detail
 
 
 def test_spec_failure_is_one_fail():
@@ -884,44 +444,39 @@ def test_real_probe_runs_the_training_path(tmp_path):
     assert data.status == FAIL and data.detail == f"missing: {params['val_file']}"
 
 
-def test_a_card_known_only_by_its_chip_family_is_not_unknown_to_verify():
-    """verify reads the same PCI facts as preflight: a model derived from pci.ids counts."""
-    from p40fleet.gpu_catalog import derive_model
-
-    device = 0x1B3F  # a GP102 id absent from the catalog
-    assert lookup(device) is None
-    gp102 = derive_model(device, "GP102GL [Tesla P40 variant]")
-    assert gp102 is not None and gp102.compute_capability == (6, 1)
-    gpus = [replace(p40("0000:00:06.0"), device_id=device, model=gp102), p40("0000:00:07.0")]
-    checks = checks_for(sections(), gpus=gpus)
-    assert checks["gpus"].status == PASS, checks["gpus"].detail
-    assert "unknown" not in checks["gpus"].detail
-    assert "chip family GP102" in checks["gpus"].detail
-
-
 def test_the_verification_package_imports_one_way():
-    """check <- probe, smoke <- system_checks, python_checks, ray_checks <- run: no module imports
+    """check <- probe, smoke <- checks._common <- checks.<component> <- run: no module imports
     one on its own floor or above it (so none can import in a circle)."""
     import ast
 
-    floor = {"check": 0, "probe": 1, "smoke": 1, "collective": 1, "system_checks": 2,
-             "python_checks": 2, "ray_checks": 2, "smoke_script": 2, "collective_script": 2,
-             "run": 3}  # fmt: skip
+    components = ("gpu", "nouveau", "driver", "cuda", "cudnn", "conda", "torch", "apex", "verl",
+                  "training", "ray")  # fmt: skip
+    floor = {"check": 0, "probe": 1, "smoke": 1, "collective": 1, "checks": 2,
+             "checks._common": 2, "smoke_script": 2, "collective_script": 2,
+             **{f"checks.{c}": 3 for c in components}, "run": 4}  # fmt: skip
     package = Path(__file__).resolve().parent.parent / "p40fleet" / "verification"
-    assert {p.stem for p in package.glob("*.py")} - {"__init__"} == set(floor)
+    found = {
+        ".".join(p.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+        for p in package.rglob("*.py")
+    }
+    assert found - {"__init__"} == set(floor)
     for name, level in floor.items():
-        tree = ast.parse((package / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "p40fleet.verification":
-                used = [alias.name for alias in node.names if alias.name in floor]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "p40fleet.verification."
+        path = package / (name.replace(".", "/") + ("/__init__.py" if name == "checks" else ".py"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                "p40fleet.verification"
             ):
-                used = [node.module.rsplit(".", 1)[1]]
-            else:
                 continue
+            base = node.module.removeprefix("p40fleet.verification").lstrip(".")
+            used = [
+                f"{base}.{alias.name}".lstrip(".")
+                if f"{base}.{alias.name}".lstrip(".") in floor
+                else base
+                for alias in node.names
+            ]
             for other in used:
-                assert floor[other] < level, f"{name}.py imports {other} (same floor or above)"
+                if other:
+                    assert floor[other] < level, f"{name} imports {other} (same floor or above)"
 
 
 def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():

@@ -13,11 +13,13 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.facts.files import File
 
-from facts.conda import Dist, EnvDistributions, MarkerText
+from facts.env import Dist, EnvDistributions, MarkerText
 from facts.verl import GitCheckout, GitState, VerlPatchCheck
 from operations import apex, verl
 from p40fleet import verl_patches
+from p40fleet.verification.check import FAIL
 from tests.opharness import run_op
+from tests.probe_answers import PASCAL_RULES, PATCHED, SHA, checks_for, only_failures, sections
 from tests.pylayer import ENV, ME, PY
 from tests.pylayer import sh as _sh
 
@@ -265,3 +267,35 @@ def test_a_ref_starting_with_a_dash_never_reaches_git():
                user="verl", facts={File: None})  # fmt: skip
     assert r.commands == ["function _fail"]
     assert "stack.apex.ref" in r.failures[0]
+
+
+# --- verify's verl checks (p40fleet/verification/checks/verl.py) ------------------------------
+
+
+def test_verl_version_mismatch():
+    verl = ['@@json {"version": "0.4.1", "file": "/x"}', "@@rc 0"]
+    checks = checks_for(sections(verl=verl))
+    assert only_failures(checks) == {"verl version"}
+    assert "0.4.1" in checks["verl version"].detail and "0.5.0" in checks["verl version"].detail
+
+
+def test_verl_import_error_and_timeout():
+    err = ['@@json {"error": "ModuleNotFoundError: No module named \'ray\'"}', "@@rc 0"]
+    assert "No module named 'ray'" in checks_for(sections(verl=err))["verl version"].detail
+    timeout = ["! still importing", "@@rc 124"]
+    assert "timed out" in checks_for(sections(verl=timeout))["verl version"].detail
+
+
+def test_verl_checkout_and_patches():
+    other = "0" * 40
+    git = [f"head={other}", f"ref={COMMIT}", "@@rc 0"]
+    assert checks_for(sections(**{"verl-git": git}))["verl checkout"].status == FAIL
+    drift = dict(SHA)
+    drift[PATCHED[0]] = "f" * 64
+    rec = {"ref": "v0.5.0", "profile": "pascal", "rule_ids": PASCAL_RULES}
+    rec |= {"files": SHA, "found": drift}
+    bad = checks_for(sections(**{"verl-patches": ["@@json " + json.dumps(rec), "@@rc 0"]}))
+    assert only_failures(bad) == {"verl patches"}
+    assert "local edits" in bad["verl patches"].detail and PATCHED[0] in bad["verl patches"].detail
+    none = checks_for(sections(**{"verl-patches": ["missing=/home/verl/verl/.p40", "@@rc 0"]}))
+    assert none["verl patches"].status == FAIL and "not applied" in none["verl patches"].detail

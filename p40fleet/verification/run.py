@@ -1,7 +1,7 @@
 """Verification checks: raw probe answers + stack spec + GPU facts -> PASS / FAIL / SKIP.
 
 Pure functions, no pyinfra: :mod:`.probe` reads the probe's answers, :func:`run_checks` runs
-every check of :mod:`.system_checks` and :mod:`.python_checks`, in :data:`CHECK_NAMES` order, on
+every check of :mod:`.checks` (one module per component), in :data:`CHECK_NAMES` order, on
 them and on what the spec and the host's PCI GPU facts say they must be. The statuses and the
 verdict are in :mod:`.check`.
 """
@@ -13,9 +13,19 @@ from typing import Any
 
 from p40fleet.spec import StackSpec
 from p40fleet.training import TrainingTarget
-from p40fleet.verification import python_checks as py
-from p40fleet.verification import system_checks as system
 from p40fleet.verification.check import FAIL, SIM_DATA, SIM_MARKERS, Check
+from p40fleet.verification.checks import (
+    apex,
+    conda,
+    cuda,
+    cudnn,
+    driver,
+    gpu,
+    nouveau,
+    torch,
+    training,
+    verl,
+)
 from p40fleet.verification.probe import CheckContext, ProbeAnswers
 
 __all__ = ["CHECK_NAMES", "LAB_MARKER", "PROBE", "REGISTRY", "run_checks"]
@@ -28,31 +38,31 @@ LAB_MARKER = "lab marker"
 
 #: Every check in the order :func:`run_checks` reports it, by the name it reports.
 REGISTRY: tuple[tuple[str, Callable[[CheckContext], Check] | None], ...] = (
-    ("gpus", system.gpus),
+    ("gpus", gpu.gpus),
     (PROBE, None),
     (LAB_MARKER, None),
-    ("nouveau", system.nouveau),
-    ("driver installed", system.driver_installed),
-    ("dkms", system.dkms),
-    ("nvidia-smi gpus", system.smi_gpus),
-    ("nvidia-smi driver", system.smi_driver),
-    ("nvcc", system.nvcc),
-    ("cudnn version", system.cudnn_version),
-    ("cudnn hard links", system.cudnn_links),
-    ("python version", py.python_version),
-    ("torch version", py.torch_version),
-    ("torch cuda", py.torch_cuda),
-    ("torch capability", py.torch_capability),
-    ("apex", py.apex),
-    ("apex cuda ext", py.apex_cuda),
-    ("apex build key", py.apex_key),
-    ("verl version", py.verl_version),
-    ("verl checkout", py.verl_checkout),
-    ("verl patches", py.verl_patches),
-    ("trainer modules", py.trainer_modules),
-    ("launch overrides", py.launch_overrides),
-    ("model files", py.model_files),
-    ("data files", py.data_files),
+    ("nouveau", nouveau.nouveau),
+    ("driver installed", driver.driver_installed),
+    ("dkms", driver.dkms),
+    ("nvidia-smi gpus", driver.smi_gpus),
+    ("nvidia-smi driver", driver.smi_driver),
+    ("nvcc", cuda.nvcc),
+    ("cudnn version", cudnn.cudnn_version),
+    ("cudnn hard links", cudnn.cudnn_links),
+    ("python version", conda.python_version),
+    ("torch version", torch.torch_version),
+    ("torch cuda", torch.torch_cuda),
+    ("torch capability", torch.torch_capability),
+    ("apex", apex.apex),
+    ("apex cuda ext", apex.apex_cuda),
+    ("apex build key", apex.apex_key),
+    ("verl version", verl.verl_version),
+    ("verl checkout", verl.verl_checkout),
+    ("verl patches", verl.verl_patches),
+    ("trainer modules", training.trainer_modules),
+    ("launch overrides", training.launch_overrides),
+    ("model files", training.model_files),
+    ("data files", training.data_files),
 )
 
 #: Names of the checks :func:`run_checks` returns, in order (``probe`` only when it broke).
@@ -98,7 +108,7 @@ def run_checks(
         apex_key=apex_key,
         training=training,
     )
-    checks = [system.gpus(ctx)]
+    checks = [gpu.gpus(ctx)]
     if not answers.started:
         checks.append(
             Check(

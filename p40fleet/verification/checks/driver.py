@@ -1,4 +1,5 @@
-"""The system layer's checks: GPUs, nouveau, driver, DKMS, nvidia-smi, nvcc, cuDNN."""
+"""The driver's checks: the installed module (modinfo), its DKMS build for the running
+kernel, and nvidia-smi's GPUs and loaded driver."""
 
 from __future__ import annotations
 
@@ -16,57 +17,8 @@ from p40fleet.verification.check import (
     force_reinstall,
     no_answer,
 )
+from p40fleet.verification.checks._common import SYSTEM, first_line
 from p40fleet.verification.probe import CheckContext, Section
-
-_SYSTEM = "run `pyinfra -y INVENTORY deploy/system.py`"
-
-
-def _first_line(section: Section | None, limit: int = 200) -> str:
-    if section is None:
-        return ""
-    for line in section.raw + section.noise:
-        if line.strip():
-            text = line.strip()
-            return text if len(text) <= limit else text[: limit - 3] + "..."
-    return ""
-
-
-def gpus(ctx: CheckContext) -> Check:
-    # each PCI fact carries its model (catalog or chip family): no bare ids
-    summary = ctx.spec.gpu_summary(ctx.pci)
-    if not summary.gpu_count:
-        return Check(
-            "gpus",
-            FAIL,
-            "no NVIDIA GPU found on the PCI bus (sysfs): nothing to verify the stack on",
-            "run deploy/facts.py; check the GPUs are seated and visible "
-            "(ls /sys/bus/pci/devices, lspci -nn | grep -i nvidia)",
-        )
-    label = f"{summary.gpus_str} (cc {summary.capability_str}, profile {summary.profile or '-'})"
-    if not summary.ok:
-        return Check(
-            "gpus",
-            FAIL,
-            f"{label}: {summary.refused}",
-            "this host cannot run the stack as specified: run deploy/facts.py and fix what it "
-            "reports (or take the host out of the inventory)",
-        )
-    return Check("gpus", PASS, label)
-
-
-def nouveau(ctx: CheckContext) -> Check:
-    host = ctx.answers.section("host")
-    state = host.get("nouveau") if host else None
-    remedy = (
-        f"{_SYSTEM} with stack.policy.allow_reboot=True (blacklist, initramfs, reboot), "
-        "or reboot the host after it"
-    )
-    if state == "absent":
-        return Check("nouveau", PASS, "nouveau not loaded")
-    if state == "loaded":
-        return Check("nouveau", FAIL, "nouveau is loaded (/sys/module/nouveau)", remedy)
-    return no_answer("nouveau", "/sys/module/nouveau", remedy)
-
 
 _DRIVER_VERSION = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
 
@@ -74,7 +26,7 @@ _DRIVER_VERSION = re.compile(r"\b(\d{3}\.\d+(?:\.\d+)?)\b")
 def driver_installed(ctx: CheckContext) -> Check:
     pinned = ctx.spec.driver.version
     section = ctx.answers.section("modinfo")
-    remedy = f"{_SYSTEM} (installs driver {pinned}); " + force_reinstall("driver", "re-run it")
+    remedy = f"{SYSTEM} (installs driver {pinned}); " + force_reinstall("driver", "re-run it")
     if section is None:
         return no_answer("driver installed", "modinfo -F version nvidia", remedy)
     found = next(
@@ -90,7 +42,7 @@ def driver_installed(ctx: CheckContext) -> Check:
             f"modinfo: nvidia {found} installed, expected {pinned}",
             remedy,
         )
-    why = _first_line(section) or f"exit {section.rc}"
+    why = first_line(section) or f"exit {section.rc}"
     return Check("driver installed", FAIL, f"no nvidia kernel module installed ({why})", remedy)
 
 
@@ -106,7 +58,7 @@ def dkms(ctx: CheckContext) -> Check:
     host = ctx.answers.section("host")
     kernel = (host.get("kernel") if host else None) or "?"
     remedy = (
-        f"install dkms and linux-headers-{kernel}, then {force_reinstall('driver', _SYSTEM)} "
+        f"install dkms and linux-headers-{kernel}, then {force_reinstall('driver', SYSTEM)} "
         "(the driver registers its DKMS module for the running kernel)"
     )
     if section is None:
@@ -127,7 +79,7 @@ def dkms(ctx: CheckContext) -> Check:
                 f"nvidia/{pinned}, {kernel}, {entry['arch']}: installed",
             )
     listed = "; ".join(f"nvidia/{e['version']}, {e['kernel']}: {e['state']}" for e in nvidia) or (
-        _first_line(section) or "nothing"
+        first_line(section) or "nothing"
     )
     return Check(
         "dkms",
@@ -175,14 +127,14 @@ def _smi_problem(section: Section | None, remedy: str, name: str) -> Check | Non
     if section.get("missing"):
         return Check(name, FAIL, "nvidia-smi not found: no NVIDIA driver installed", remedy)
     if section.rc != 0:
-        why = _first_line(section) or "no output"
+        why = first_line(section) or "no output"
         return Check(name, FAIL, f"nvidia-smi failed (exit {section.rc}): {why}", remedy)
     return None
 
 
 def _smi_remedy(pinned: str) -> str:
     return (
-        f"the pinned driver {pinned} must be installed and loaded: {_SYSTEM} with "
+        f"the pinned driver {pinned} must be installed and loaded: {SYSTEM} with "
         "stack.policy.allow_reboot=True (or reboot after it); read /var/log/nvidia-installer.log"
     )
 
@@ -252,7 +204,7 @@ def smi_driver(ctx: CheckContext) -> Check:
     assert section is not None
     versions = sorted({row.driver_version or "?" for row in _smi_rows(section)})
     if not versions:
-        why = _first_line(section) or "no GPU rows"
+        why = first_line(section) or "no GPU rows"
         return Check(name, FAIL, f"nvidia-smi listed no GPU ({why})", remedy)
     if versions == [pinned]:
         return Check(name, PASS, f"driver {pinned} loaded")
@@ -260,126 +212,5 @@ def smi_driver(ctx: CheckContext) -> Check:
         name,
         FAIL,
         f"nvidia-smi reports driver {', '.join(versions)}, expected {pinned}",
-        f"{force_reinstall('driver', _SYSTEM)}, then reboot so {pinned} is the loaded module",
+        f"{force_reinstall('driver', SYSTEM)}, then reboot so {pinned} is the loaded module",
     )
-
-
-def nvcc(ctx: CheckContext) -> Check:
-    name = "nvcc"
-    release = ctx.spec.cuda_release
-    section = ctx.answers.section("nvcc")
-    remedy = (
-        force_reinstall("cuda", _SYSTEM) + f" (stack.paths.cuda_dir must be the {release} toolkit)"
-    )
-    if section is None:
-        return no_answer(name, "nvcc --version", remedy)
-    missing = section.get("missing")
-    if missing:
-        return Check(
-            name,
-            FAIL,
-            f"no nvcc at {missing}",
-            f"{_SYSTEM} (installs CUDA {ctx.spec.cuda.version})",
-        )
-    found = None
-    for line in section.raw:
-        if match := re.search(r"release (\d+\.\d+), V(\d+(?:\.\d+)*)", line):
-            found = match
-            break
-    if found is None:
-        why = _first_line(section) or f"exit {section.rc}"
-        return Check(name, FAIL, f"nvcc --version says no release ({why})", remedy)
-    text = f"release {found.group(1)}, V{found.group(2)}"
-    if found.group(1) == release:
-        return Check(name, PASS, text)
-    return Check(name, FAIL, f"nvcc: {text}, expected release {release}", remedy)
-
-
-def cudnn_version(ctx: CheckContext) -> Check:
-    name = "cudnn version"
-    expected = ".".join(ctx.spec.cudnn.version.split(".")[:3])
-    section = ctx.answers.section("cudnn-header")
-    remedy = force_reinstall("cudnn", _SYSTEM)
-    if section is None:
-        return no_answer(name, "cudnn_version.h", remedy)
-    missing = section.get("missing")
-    if missing:
-        return Check(name, FAIL, f"no {missing}", f"{_SYSTEM} (installs cuDNN {expected})")
-    parts: dict[str, str] = {}
-    for line in section.raw:
-        if match := re.match(r"#define CUDNN_(MAJOR|MINOR|PATCHLEVEL)\s+(\d+)", line.strip()):
-            parts[match.group(1)] = match.group(2)
-    if len(parts) != 3:
-        return Check(name, FAIL, "cudnn_version.h has no CUDNN_MAJOR/MINOR/PATCHLEVEL", remedy)
-    found = f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCHLEVEL']}"
-    if found == expected:
-        return Check(name, PASS, f"cudnn_version.h: {found}")
-    return Check(name, FAIL, f"cudnn_version.h says {found}, expected {expected}", remedy)
-
-
-@dataclass(frozen=True)
-class _Stat:
-    device: str
-    inode: str
-    links: int
-    kind: str
-
-
-def _cudnn_files(section: Section) -> tuple[dict[str, _Stat], dict[str, _Stat]]:
-    src: dict[str, _Stat] = {}
-    dst: dict[str, _Stat] = {}
-    for line in section.raw:
-        words = line.split(None, 5)
-        if len(words) != 6 or words[0] not in ("src", "dst") or not words[3].isdigit():
-            continue
-        stat = _Stat(words[1], words[2], int(words[3]), words[4])
-        (src if words[0] == "src" else dst)[words[5]] = stat
-    return src, dst
-
-
-_CUDNN_DEST_DIRS = {"include": "include", "lib": "lib64"}
-
-
-def cudnn_links(ctx: CheckContext) -> Check:
-    name = "cudnn hard links"
-    remedy = f"{_SYSTEM} (hard-links the extracted cuDNN files into the CUDA dir)"
-    section = ctx.answers.section("cudnn-files")
-    if section is None:
-        return no_answer(name, "the cuDNN files", remedy)
-    tree = section.get("tree") or ctx.spec.paths.cudnn_extract_dir
-    cuda_dir = section.get("cuda_dir") or ctx.spec.paths.cuda_dir
-    src, dst = _cudnn_files(section)
-    if not src:
-        return Check(
-            name,
-            FAIL,
-            f"no include/cudnn*.h or lib/libcudnn* under {tree} (the extract dir)",
-            force_reinstall("cudnn", _SYSTEM),
-        )
-    wanted = {}
-    for rel, stat in src.items():
-        top, _, rest = rel.partition("/")
-        wanted[f"{_CUDNN_DEST_DIRS.get(top, top)}/{rest}"] = stat
-    missing = sorted(rel for rel in wanted if rel not in dst)
-    copies = sorted(
-        rel
-        for rel, stat in wanted.items()
-        if rel in dst
-        and ((dst[rel].device, dst[rel].inode) != (stat.device, stat.inode) or dst[rel].links < 2)
-    )
-    stale = sorted(rel for rel in dst if rel not in wanted)
-    if not (missing or copies or stale):
-        return Check(
-            name,
-            PASS,
-            f"{len(wanted)} files in {cuda_dir} are hard links of {tree} (same inode, "
-            f"{min(s.links for s in wanted.values())}+ links)",
-        )
-    parts = []
-    if copies:
-        parts.append("not hard links (another inode): " + ", ".join(copies))
-    if missing:
-        parts.append("missing: " + ", ".join(missing))
-    if stale:
-        parts.append("not from the extract dir (another version?): " + ", ".join(stale))
-    return Check(name, FAIL, f"cuDNN files in {cuda_dir} vs {tree}: " + "; ".join(parts), remedy)

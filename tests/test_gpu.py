@@ -1,12 +1,15 @@
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 from facts.driver import InstalledDriverVersion, LoadedDriverVersion, NvidiaSmi
 from facts.gpu import PCI_NAME_MARKER, PciGpus
 from facts.nouveau import NouveauLoaded
-from p40fleet.gpu_catalog import normalize_bus_id
+from p40fleet.gpu_catalog import lookup, normalize_bus_id
 from p40fleet.profile import summarize_host
+from p40fleet.verification.check import FAIL, PASS
+from tests.probe_answers import checks_for, p40, sections
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
 
@@ -199,3 +202,26 @@ def test_normalize_bus_id():
     assert normalize_bus_id("00000000:04:00.0") == "0000:04:00.0"
     assert normalize_bus_id("0000:84:00.0") == "0000:84:00.0"
     assert normalize_bus_id("00000000:0A:00.0") == "0000:0a:00.0"
+
+
+# --- verify's gpu checks (p40fleet/verification/checks/gpu.py) --------------------------------
+
+
+def test_refused_gpu_fails_the_host():
+    checks = checks_for(sections(), gpus=[p40("0000:00:06.0", device=0x2335)])  # H200
+    assert checks["gpus"].status == FAIL and "R525" in checks["gpus"].detail
+
+
+def test_a_card_known_only_by_its_chip_family_is_not_unknown_to_verify():
+    """verify reads the same PCI facts as preflight: a model derived from pci.ids counts."""
+    from p40fleet.gpu_catalog import derive_model
+
+    device = 0x1B3F  # a GP102 id absent from the catalog
+    assert lookup(device) is None
+    gp102 = derive_model(device, "GP102GL [Tesla P40 variant]")
+    assert gp102 is not None and gp102.compute_capability == (6, 1)
+    gpus = [replace(p40("0000:00:06.0"), device_id=device, model=gp102), p40("0000:00:07.0")]
+    checks = checks_for(sections(), gpus=gpus)
+    assert checks["gpus"].status == PASS, checks["gpus"].detail
+    assert "unknown" not in checks["gpus"].detail
+    assert "chip family GP102" in checks["gpus"].detail
