@@ -170,8 +170,14 @@ class FakeInventory(list):
         return [h for h in reversed(self) if h.name not in self.inactive]  # a set: no order
 
 
+class _FakeState(SimpleNamespace):
+    """A run's state: its inventory, and one record of the run (hashable, as pyinfra's)."""
+
+    __hash__ = object.__hash__
+
+
 def _fleet(*hosts, inactive=()):
-    return SimpleNamespace(inventory=FakeInventory(hosts, inactive))
+    return _FakeState(inventory=FakeInventory(hosts, inactive))
 
 
 @pytest.fixture
