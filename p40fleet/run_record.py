@@ -100,6 +100,10 @@ class RunRecord:
     #: Whether ``deploy/verify.py`` has printed the fleet table and written the report.
     verify_printed: bool = False
 
+    #: The run's Ray cluster, planned once for every host (``operations.ray_cluster.
+    #: membership``; ``Any``: a ``Membership``, that module's own).
+    ray_membership: Any = None
+
     #: Each host's survey row from ``deploy/facts.py``, for the fleet table after the last.
     fact_rows: dict[str, dict[str, str]] = field(default_factory=dict)
 
