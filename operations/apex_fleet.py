@@ -8,9 +8,10 @@ not use the host in context). Hosts are asked in order and only until the builde
 not at all on a cache hit (the usual re-run), so most runs read no other host's facts.
 
 Decided once per run and key (pyinfra loads a deploy file for all hosts in parallel, so every
-host asks; the answer is kept in the run's record, ``p40fleet.run_record``). Across controllers sharing one cache the
-decision is made under the key's build lock (``p40fleet/apex_cache.py``): while another live
-controller holds it, this run elects nobody and its uploads wait for that wheel.
+host asks; the answer is kept in the run's record, ``p40fleet.run_record``). Across
+controllers sharing one cache the decision is made under the key's build lock
+(``p40fleet/apex_cache.py``): while another live controller holds it, this run elects nobody and
+its uploads wait for that wheel.
 """
 
 from __future__ import annotations

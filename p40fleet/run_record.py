@@ -27,6 +27,7 @@ from pyinfra import state as current_state
 if TYPE_CHECKING:
     from pyinfra.api import State
 
+    from p40fleet.apex_cache import BuildLock
     from p40fleet.spec import StackSpec
 
 __all__ = ["RunRecord", "run_record"]
@@ -65,6 +66,10 @@ class RunRecord:
     #: The host that builds each apex key in this run, None when none does
     #: (``operations.apex_fleet``).
     apex_builders: dict[str, str | None] = field(default_factory=dict)
+
+    #: The shared cache's build lock of each key this run builds, by the lock's path, held
+    #: until the wheel is stored (``p40fleet.apex_cache.hold``).
+    apex_build_locks: dict[str, BuildLock] = field(default_factory=dict)
 
     #: ``(filename, sha256) -> [lock, (path, why) or None]``: the controller's copy of each
     #: artifact, fetched once per run for all hosts (``operations.artifacts``).

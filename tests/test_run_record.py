@@ -5,9 +5,10 @@ The project code and the tests are read with :mod:`ast` (nothing is imported). A
 a ``getattr``/``setattr``/``hasattr``/``delattr`` on a State, or a store or delete of an
 attribute on one (``state.x = ...``), whose name is not pyinfra's own State attribute (a name
 that is no literal, ``getattr(state, _ATTR)`` with a constant of another module, counts). A
-State is a name ``state`` or ``*_state``, anything's ``.state`` (``host.state``,
-``target.state``) and a parameter annotated ``State``. ``p40lab/`` is not read: its ``state``
-is the lab's own (``p40lab/state.py``), and it imports no pyinfra (checked below).
+State is a name ``state``, ``*_state`` or ``run`` (the project's name for a run's State),
+anything's ``.state`` (``host.state``, ``target.state``) and a parameter annotated ``State``.
+``p40lab/`` is not read: its ``state`` is the lab's own (``p40lab/state.py``), and it imports
+no pyinfra (checked below).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def sightings(source: str, pyinfra: set[str]) -> list[str]:
 
     def is_state(node: ast.AST) -> bool:
         if isinstance(node, ast.Name):
-            return node.id == "state" or node.id.endswith("_state") or node.id in params
+            return node.id in ("state", "run") or node.id.endswith("_state") or node.id in params
         return isinstance(node, ast.Attribute) and node.attr == "state"
 
     def name_of(node: ast.AST) -> str | None:
@@ -133,7 +134,9 @@ def test_the_scan_sees_each_form_and_passes_pyinfras_own_names():
         "hasattr(target_state, other._C)\n"
         "state.p40fleet_d = set()\n"
         "del target.state.p40fleet_e\n"
-        "def f(run: State):\n    setattr(run, 'p40fleet_f', 1)\n",
+        "def f(run: State):\n    setattr(run, 'p40fleet_f', 1)\n"
+        "def g(held: 'pyinfra.api.State', run: object):\n"
+        "    getattr(run, 'p40fleet_g', None)\n    held.p40fleet_h = 1\n",
         pyinfra,
     )
     assert [s.split(": ", 1)[1] for s in seen] == [
@@ -143,6 +146,8 @@ def test_the_scan_sees_each_form_and_passes_pyinfras_own_names():
         "state.p40fleet_d =",
         "del target.state.p40fleet_e",
         "setattr(run, p40fleet_f)",
+        "getattr(run, p40fleet_g)",
+        "held.p40fleet_h =",
     ]
     assert not sightings(
         "state.failed_hosts = set()\n"
