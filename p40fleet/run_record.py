@@ -9,10 +9,10 @@ Every field starts empty and lives as long as the State: the next run (a new Sta
 tests make one per run) starts from a new record. The records are kept beside the States, in
 a :class:`weakref.WeakKeyDictionary`, so pyinfra's State gets no attribute of ours.
 
-It lives in ``p40fleet/`` because every layer keeps something in it: ``p40fleet.runtime.
-sshguard`` (the connect failures), ``facts.survey`` (the answers kept), ``operations/`` and
-the deploy files; the layers import downwards only (``tests/test_import_graph.py``).
-``tests/test_run_record.py`` fails on a State attribute anywhere else.
+It lives in ``p40fleet/``, the floor every layer may import (``tests/test_import_graph.py``),
+because every layer keeps something in it: ``p40fleet/runtime/sshguard.py`` the connect
+failures, ``facts/survey.py`` the answers kept, ``operations/`` and the deploy files the rest.
+``tests/test_run_record.py`` fails on an attribute of ours on a State anywhere else.
 """
 
 from __future__ import annotations
