@@ -19,10 +19,10 @@ from facts.host import Cpus, FreeSpace, KernelHeaders, MemTotal, os_label
 from facts.nouveau import NouveauLoaded
 from facts.survey import ask, install, part, survey
 from p40fleet import report
+from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, load_spec, spec_for_host
 
-_ROWS_ATTR = "p40fleet_fact_rows"
 _COLUMNS = (
     "host",
     "OS",
@@ -128,8 +128,7 @@ print(
 )
 
 # This file runs once per host (in parallel); the table waits for the last one.
-fleet_rows: dict[str, dict[str, str]] = getattr(state, _ROWS_ATTR, None) or {}
+fleet_rows = run_record(state).fact_rows
 fleet_rows[row["host"]] = row
-setattr(state, _ROWS_ATTR, fleet_rows)
 if len(fleet_rows) >= len(state.inventory.get_active_hosts()):
     _print_table(fleet_rows)

@@ -38,13 +38,11 @@ from operations import launch, ray_cluster, training, verification
 from operations.refuse import refuse
 from p40fleet import preflight, report
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
+from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import collective, smoke
 from p40fleet.verification.check import FAIL, Check, simulated_in_inventory, spec_failure
-
-_RESULTS_ATTR = "p40fleet_verify_results"
-_PRINTED_ATTR = "p40fleet_verify_printed"
 
 
 def verify_host(spec: StackSpec) -> list[Check]:
@@ -149,10 +147,10 @@ entry = _entry_for_this_host()
 print(verification.summary_line(host.name, entry), file=report.human_stream(), flush=True)
 
 # This file runs once per host (in parallel greenlets); the table waits for the last one.
-results: dict = getattr(state, _RESULTS_ATTR, None) or {}
+record = run_record(state)
+results = record.verify_results
 results[host.name] = entry
-setattr(state, _RESULTS_ATTR, results)
 active = {h.name for h in state.inventory.get_active_hosts()}
-if active <= set(results) and not getattr(state, _PRINTED_ATTR, False):
-    setattr(state, _PRINTED_ATTR, True)
+if active <= set(results) and not record.verify_printed:
+    record.verify_printed = True
     verification.finish(results)

@@ -37,10 +37,10 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.state import BaseStateCallback
 
 from p40fleet.jsonable import ToJson
+from p40fleet.run_record import run_record
 
 MARKER = "@@p40fleet-survey"
 MISSING = "missing"  # a part's status when its requires_command is not on the host
-_BOOKS_ATTR = "p40fleet_survey_books"
 
 #: One part of a survey: the fact class and its keyword arguments, frozen (see :func:`key`).
 Part = tuple[type, tuple[tuple[str, Any], ...]]
@@ -212,7 +212,8 @@ class _Kept(ToJson):
 
 
 def _books(state: Any) -> dict[str, _Book] | None:
-    return getattr(state, _BOOKS_ATTR, None) if state is not None else None
+    record = run_record(state) if state is not None else None
+    return record.survey_books if record is not None and record.survey_installed else None
 
 
 def _book(host: Any) -> _Book | None:
@@ -349,8 +350,9 @@ class Forget(BaseStateCallback):
 
 def install(state: Any) -> None:
     """Keep answers for ``state``'s hosts and forget them after a change (idempotent)."""
-    if _books(state) is None:
-        setattr(state, _BOOKS_ATTR, {})
+    record = run_record(state)
+    if not record.survey_installed:
+        record.survey_installed = True
         state.add_callback_handler(Forget())
 
 

@@ -8,9 +8,10 @@ not use the host in context). Hosts are asked in order and only until the builde
 not at all on a cache hit (the usual re-run), so most runs read no other host's facts.
 
 Decided once per run and key (pyinfra loads a deploy file for all hosts in parallel, so every
-host asks; the answer is kept on the run's state). Across controllers sharing one cache the
-decision is made under the key's build lock (``p40fleet/apex_cache.py``): while another live
-controller holds it, this run elects nobody and its uploads wait for that wheel.
+host asks; the answer is kept in the run's record, ``p40fleet.run_record``). Across
+controllers sharing one cache the decision is made under the key's build lock
+(``p40fleet/apex_cache.py``): while another live controller holds it, this run elects nobody and
+its uploads wait for that wheel.
 """
 
 from __future__ import annotations
@@ -27,20 +28,16 @@ from operations import apex, conda
 from operations.refuse import dry_run
 from operations.survey import survey_host
 from p40fleet import apex_build, apex_cache, preflight
+from p40fleet.run_record import run_record
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 
 __all__ = ["builder", "needs_apex"]
-
-_MEMO_ATTR = "p40fleet_apex_builders"
 
 
 def builder(state: State, key: str) -> str | None:
     """The host that builds ``key`` in this run (None: the wheel is on the controller, or no
     host needs it); the same answer for every host of the run."""
-    memo: dict[str, str | None] | None = getattr(state, _MEMO_ATTR, None)
-    if memo is None:
-        memo = {}
-        setattr(state, _MEMO_ATTR, memo)
+    memo = run_record(state).apex_builders
     if key not in memo:
         specs: dict[str, tuple[Host, StackSpec]] = {}
         local_tar = apex_build.controller_wheel(key)

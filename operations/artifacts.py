@@ -32,7 +32,6 @@ import shlex
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
@@ -45,6 +44,7 @@ from operations.refuse import refuse
 from operations.util.progress import streamed
 from p40fleet.artifact_push import PushError, controller_artifact, controller_copy
 from p40fleet.proxy import shell_prefix
+from p40fleet.run_record import run_record
 from p40fleet.spec import ARTIFACTS, Proxy, StackSpec
 
 __all__ = [
@@ -378,7 +378,6 @@ def install_command(staged: str, sha256: str, dest_dir: str, filename: str) -> S
     return StringCommand("sh", "-c", QuoteString(script))
 
 
-_COPIES_ATTR = "p40fleet_controller_artifacts"
 _COPIES_GUARD = threading.Lock()
 
 
@@ -386,14 +385,11 @@ def controller_copy_once(
     run: State, url: str, sha256: str, filename: str, size: int | None
 ) -> tuple[Path | None, str | None]:
     """``(path, None)`` of the controller's verified copy, or ``(None, why)``: decided once per
-    run and file for all hosts (kept on the run's state; hosts run in parallel and wait for
+    run and file for all hosts (kept in the run's record; hosts run in parallel and wait for
     the one fetch). Only at execution: a dry run or the planning pass never downloads."""
+    key = (filename, sha256.lower())
     with _COPIES_GUARD:
-        memo: dict[tuple[str, str], list[Any]] | None = getattr(run, _COPIES_ATTR, None)
-        if memo is None:
-            memo = {}
-            setattr(run, _COPIES_ATTR, memo)
-        entry = memo.setdefault((filename, sha256.lower()), [threading.Lock(), None])
+        entry = run_record(run).controller_copies.setdefault(key, [threading.Lock(), None])
     with entry[0]:
         if entry[1] is None:
             try:

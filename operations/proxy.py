@@ -17,6 +17,7 @@ from pyinfra.operations import files
 from facts.survey import Part, ask, part
 from operations.util.unchanged import same_file
 from p40fleet.proxy import PROXY_DIR, PROXY_FILE, file_text
+from p40fleet.run_record import run_record
 from p40fleet.spec import Proxy, StackSpec
 
 __all__ = ["credentials", "first_time", "survey_parts"]
@@ -41,9 +42,7 @@ def credentials(proxy: Proxy | None = None):
 def first_time(state, host_name: str) -> bool:
     """True the first time a run asks for ``host_name`` (the preflight is included by every
     deploy of ``deploy/full.py``: its credentials step is queued once per host)."""
-    done = getattr(state, "p40fleet_proxy_queued", None)
-    if done is None:
-        done = state.p40fleet_proxy_queued = set()
+    done = run_record(state).proxy_queued
     if host_name in done:
         return False
     done.add(host_name)

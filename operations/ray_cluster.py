@@ -48,6 +48,7 @@ from p40fleet.ray import (
     ray_cli,
     save_members,
 )
+from p40fleet.run_record import run_record
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 from p40fleet.verification import collective, smoke
 from p40fleet.verification.check import FAIL, SKIP, Check, simulated_in_inventory
@@ -106,19 +107,16 @@ class Membership:
         return name == self.head or self.trains(name)
 
 
-_CACHE: list[tuple[object, Membership]] = []  # (the pyinfra state, its membership)
-
-
 def _head_address(head: str, spec: StackSpec) -> str:
     return spec.ray.head_address or inventory.get_host(head).data.get("ssh_hostname") or head
 
 
 def membership(spec: StackSpec) -> Membership:
     """The cluster of this run (computed once per pyinfra state: every host plans the same)."""
-    state = inventory.state
-    if not _CACHE or _CACHE[0][0] is not state:
-        _CACHE[:] = [(state, _membership(spec))]
-    return _CACHE[0][1]
+    record = run_record(inventory.state)
+    if record.ray_membership is None:
+        record.ray_membership = _membership(spec)
+    return record.ray_membership
 
 
 def _membership(spec: StackSpec) -> Membership:

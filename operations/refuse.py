@@ -36,6 +36,8 @@ import sys
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, operation
 
+from p40fleet.run_record import run_record
+
 __all__ = [
     "dry_run",
     "host_refusals",
@@ -98,34 +100,20 @@ def refuse(step: str, reason: str, remedy: str):
     yield FunctionCommand(_fail, (), {})
 
 
-_REFUSED_ATTR = "p40fleet_refused_hosts"
-
-
 def refused_hosts() -> set[str]:
     """Hosts already refused in this run (by the preflight or an invalid spec)."""
-    refused = getattr(state, _REFUSED_ATTR, None)
-    if refused is None:
-        refused = set()
-        setattr(state, _REFUSED_ATTR, refused)
-    return refused
-
-
-_REFUSALS_ATTR = "p40fleet_refusals"
+    return run_record(state).refused_hosts
 
 
 def host_refusals(target) -> list[tuple[str, str, str]]:
     """``(step, reason, fix)`` of each refusal queued for ``target`` in this run (the report's
     REFUSED checks: ``operations.verification``)."""
-    return list((getattr(target.state, _REFUSALS_ATTR, None) or {}).get(target.name, []))
+    return list(run_record(target.state).refusals.get(target.name, []))
 
 
 def record_refusals(refusals: list[tuple[str, str, str]]) -> None:
     """Remember why the current host is refused (for the report after the run)."""
-    table = getattr(state, _REFUSALS_ATTR, None)
-    if table is None:
-        table = {}
-        setattr(state, _REFUSALS_ATTR, table)
-    known = table.setdefault(host.name, [])
+    known = run_record(state).refusals.setdefault(host.name, [])
     known.extend(r for r in refusals if r not in known)
 
 

@@ -34,6 +34,7 @@ from facts.survey import Part, ask, part
 from operations.refuse import record_refusals, refusal_message, say_when_dry
 from p40fleet import controller, run_lock
 from p40fleet.run_lock import DEFAULT_PATH, Holder
+from p40fleet.run_record import run_record
 from p40fleet.runtime.connector_args import connector_arguments
 from p40fleet.spec import StackSpec
 
@@ -46,11 +47,6 @@ logger = logging.getLogger("pyinfra")
 
 #: Host data key that moves the lock (tests that run two "hosts" on one machine).
 PATH_KEY = "p40fleet_run_lock"
-_RUN_ATTR = "p40fleet_run_lock_run"
-_LOCKED_ATTR = "p40fleet_run_lock_held"
-_QUEUED_ATTR = "p40fleet_run_lock_queued"
-_RELEASE_ATTR = "p40fleet_run_lock_release"
-_DEFERRED_ATTR = "p40fleet_run_lock_deferred"
 _STEP = "run lock"
 
 
@@ -64,10 +60,10 @@ def this_run() -> Holder:
 
 
 def _holder(target_state, host_name: str) -> Holder:
-    run = getattr(target_state, _RUN_ATTR, None)
-    if run is None:
-        run = (run_lock.new_run_id(), controller.controller_id())
-        setattr(target_state, _RUN_ATTR, run)
+    record = run_record(target_state)
+    if record.lock_run is None:
+        record.lock_run = (run_lock.new_run_id(), controller.controller_id())
+    run = record.lock_run
     return Holder(socket.gethostname(), os.getpid(), run[0], host_name, controller_id=run[1])
 
 
@@ -76,14 +72,6 @@ def _decide(seen, me: Holder) -> run_lock.Decision:
     return run_lock.decide(
         seen.exists, seen.text, seen.boot_id, me, now=seen.now, uptime_s=seen.uptime_s
     )
-
-
-def _set(attr: str) -> set[str]:
-    value = getattr(state, attr, None)
-    if value is None:
-        value = set()
-        setattr(state, attr, value)
-    return value
 
 
 def _refusal(path: str, reason: str) -> FunctionCommand:
@@ -118,14 +106,14 @@ def take(path: str = DEFAULT_PATH):
         return
     if not state.is_executing:
         return  # prepare stage (and --dry): the lock is taken when the run executes
-    if host.name in _set(_LOCKED_ATTR):
+    if host.name in run_record(state).lock_held:
         return  # taken by this run already (pyinfra may run this body twice at execution)
     command = StringCommand(run_lock.acquire_command(path, me, decision.stale_text))
     ok, output = host.run_shell_command(
         command, **connector_arguments(host.current_op_global_arguments)
     )
     if ok:
-        _set(_LOCKED_ATTR).add(host.name)
+        run_record(state).lock_held.add(host.name)
         if "stale run lock moved aside" in output.stdout:
             for line in run_lock_lines(decision.message):
                 host.log_styled(line, fg="yellow", log_func=logger.warning)
@@ -147,9 +135,10 @@ def run_lock_lines(message: str) -> list[str]:
 def hold() -> bool:
     """Queue :func:`take` for this host once per run; False when the prepare stage already
     sees another live run holding it (the refusal is queued: add no more operations)."""
-    if host.name in _set(_QUEUED_ATTR):
+    queued = run_record(state).lock_queued
+    if host.name in queued:
         return True  # re-entrant: an earlier deploy of this run queued it
-    _set(_QUEUED_ATTR).add(host.name)
+    queued.add(host.name)
     _register_release()
     path = lock_path()
     take(name="Take the p40fleet run lock", path=path)
@@ -160,7 +149,7 @@ def hold() -> bool:
 def refreshed():
     """Commands for an operation that rebooted the host: our holder gets the new boot_id; the
     command fails this host (exit 75) when another run took the lock over meanwhile."""
-    if host.name in _set(_LOCKED_ATTR):
+    if host.name in run_record(state).lock_held:
         yield StringCommand(run_lock.refresh_command(lock_path(), this_run()))
 
 
@@ -168,13 +157,13 @@ def defer_release() -> None:
     """This host's lock outlives its last operation: whoever runs last on it (the verification
     after the run, ``operations.verification``) releases it with :func:`release_for`, in the
     same command as its probe. A failing operation still releases at once."""
-    _set(_DEFERRED_ATTR).add(host.name)
+    run_record(state).lock_deferred.add(host.name)
 
 
 def release_for(target) -> str | None:
     """The release command for ``target`` when this run still holds its lock (it is then
     counted as released: run it), else None."""
-    locked = getattr(target.state, _LOCKED_ATTR, set())
+    locked = run_record(target.state).lock_held
     if target.name not in locked:
         return None
     locked.discard(target.name)
@@ -195,7 +184,7 @@ class _Release(BaseStateCallback):
         return self.last[host.name]
 
     def _release(self, state, host, op_hash) -> None:
-        locked = getattr(state, _LOCKED_ATTR, set())
+        locked = run_record(state).lock_held
         if host.name not in locked:
             return
         locked.discard(host.name)
@@ -211,7 +200,7 @@ class _Release(BaseStateCallback):
             logger.warning(f"{host.print_prefix}run lock not released: {exc}")
 
     def operation_host_success(self, state, host, op_hash, retry_count=0):  # noqa: ARG002
-        if host.name in getattr(state, _DEFERRED_ATTR, set()):
+        if host.name in run_record(state).lock_deferred:
             return  # released after the run, with the verify probe (defer_release)
         if op_hash == self._last_op(state, host):
             self._release(state, host, op_hash)
@@ -222,8 +211,9 @@ class _Release(BaseStateCallback):
 
 
 def _register_release() -> None:
-    if not getattr(state, _RELEASE_ATTR, False):
-        setattr(state, _RELEASE_ATTR, True)
+    record = run_record(state)
+    if not record.lock_release_registered:
+        record.lock_release_registered = True
         state.add_callback_handler(_Release())
 
 

@@ -17,6 +17,7 @@ from facts.survey import Part, ask, part
 from operations.refuse import refuse
 from operations.util.as_user import as_user
 from operations.util.unchanged import same_dir
+from p40fleet.run_record import run_record
 from p40fleet.spec import StackSpec
 
 __all__ = [
@@ -185,11 +186,7 @@ def directory(path: str, user: str, group: str, mode: str):
 def queued_hosts(state) -> set[str]:
     """Hosts whose training user is created by an operation of this run (later deploys of the
     same run, e.g. deploy/training.py, may rely on the user before it exists)."""
-    queued = getattr(state, "p40fleet_training_user_queued", None)
-    if queued is None:
-        queued = set()
-        state.p40fleet_training_user_queued = queued
-    return queued
+    return run_record(state).training_user_queued
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:

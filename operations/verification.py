@@ -25,6 +25,7 @@ from facts.verify import VerifyProbe
 from operations import artifacts, cudnn, launch, run_lock, training
 from operations.refuse import host_refusals
 from p40fleet import apex_build, report
+from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard
 from p40fleet.runtime.connector_args import host_connector_arguments
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
@@ -34,8 +35,6 @@ from p40fleet.verification.check import FAIL, Check, host_verdict, simulated_in_
 from p40fleet.verification.probe import ProbeTargets
 from p40fleet.verification.run import run_checks
 from p40fleet.verl_patches import RECORD_NAME
-
-_SPECS_ATTR = "p40fleet_verify_after_run"
 
 
 def probe_targets(spec: StackSpec, target: TrainingTarget) -> ProbeTargets:
@@ -178,9 +177,6 @@ def _probe_now(target, spec: StackSpec) -> list[Check]:
     return checks_for(spec, gpus, fact.process(output.stdout_lines), target=plan, simulated=sim)
 
 
-_FINISHED_ATTR = "p40fleet_verify_after_run_finished"
-
-
 def _unprobed_entry(target, specs: dict) -> dict[str, Any] | None:
     """The entry of a host that gets no probe (refused, failed, or the run stopped), else None."""
     refusals = host_refusals(target)
@@ -205,8 +201,9 @@ class _VerifyAfterLastOperation(BaseStateCallback):
         order = state.get_op_order()
         if not order or op_hash != order[-1]:
             return
-        setattr(state, _FINISHED_ATTR, True)
-        specs: dict = getattr(state, _SPECS_ATTR)
+        record = run_record(state)
+        record.verify_finished = True
+        specs = record.verify_specs
         entries: dict[str, Any] = {}
         failed = set()
         probes = {}
@@ -239,12 +236,13 @@ class _VerifyAfterLastOperation(BaseStateCallback):
     def host_disconnect(state, host) -> None:  # noqa: ARG004 - pyinfra's callback signature
         """The run ended before its last operation (every host failed or was refused: pyinfra
         stops with "No hosts remaining!"): the report still says each host's verdict."""
-        if getattr(state, _FINISHED_ATTR, False) or not state.is_executing:
+        record = run_record(state)
+        if record.verify_finished or not state.is_executing:
             return  # reported already, or nothing ran (--dry, or pyinfra stopped before)
         if any(target not in state.failed_hosts for target in state.activated_hosts):
             return  # a host that goes on (one the deploy reboots disconnects, then comes back)
-        setattr(state, _FINISHED_ATTR, True)
-        specs: dict = getattr(state, _SPECS_ATTR)
+        record.verify_finished = True
+        specs = record.verify_specs
         entries = {
             target.name: _unprobed_entry(target, specs) or _unprobed_entry(target, {})
             for target in state.inventory
@@ -256,11 +254,10 @@ class _VerifyAfterLastOperation(BaseStateCallback):
 def verify_after_run(spec: StackSpec | None) -> None:
     """Verify this host once the last operation of the run has ended (see module doc); a host
     without a valid spec (None) is reported REFUSED with the reasons it was refused for."""
-    specs = getattr(state, _SPECS_ATTR, None)
-    if specs is None:
-        specs = {}
-        setattr(state, _SPECS_ATTR, specs)
+    record = run_record(state)
+    if not record.verify_registered:
+        record.verify_registered = True
         state.add_callback_handler(_VerifyAfterLastOperation())
-    specs[host.name] = spec
+    record.verify_specs[host.name] = spec
     if spec is not None:
         run_lock.defer_release()  # released with the probe: one command, not two

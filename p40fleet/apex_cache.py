@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from p40fleet import apex_build, controller
+from p40fleet.run_record import run_record
 
 __all__ = [
     "HEARTBEAT_S",
@@ -270,22 +271,18 @@ class BuildLock:
         atexit.unregister(self.release)
 
 
-_HELD_ATTR = "p40fleet_apex_build_locks"
 _WAITERS: dict[str, threading.Lock] = {}
 
 
 def hold(run: object, lock: BuildLock) -> None:
-    """Keep ``lock`` on the run (pyinfra's state) until :func:`release_for` (or exit)."""
-    held = getattr(run, _HELD_ATTR, None)
-    if held is None:
-        held = {}
-        setattr(run, _HELD_ATTR, held)
-    held[lock.path] = lock
+    """Keep ``lock`` in the run's record (``run``: pyinfra's state) until :func:`release_for`
+    (or exit)."""
+    run_record(run).apex_build_locks[lock.path] = lock
 
 
 def release_for(run: object, local_tar: str) -> None:
     """Release this run's lock of ``local_tar``'s cache entry (stored, or not: either way)."""
-    lock = (getattr(run, _HELD_ATTR, None) or {}).pop(
+    lock = run_record(run).apex_build_locks.pop(
         os.path.join(os.path.dirname(local_tar), LOCK_FILE), None
     )
     if lock is not None:

@@ -14,6 +14,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api import State
 from pyinfra.facts.files import Directory, File
 
 from facts.env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
@@ -172,8 +173,14 @@ class FakeInventory(list):
         return [h for h in reversed(self) if h.name not in self.inactive]  # a set: no order
 
 
+class _FakeState(SimpleNamespace):
+    """A run's state: its inventory, and one record of the run (hashable, as pyinfra's)."""
+
+    __hash__ = object.__hash__
+
+
 def _fleet(*hosts, inactive=()):
-    return SimpleNamespace(inventory=FakeInventory(hosts, inactive))
+    return _FakeState(inventory=FakeInventory(hosts, inactive))
 
 
 @pytest.fixture
@@ -430,7 +437,7 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
     local, result = _fetch(tmp_path)
     assert result.commands[-1] == "function _record"
     assert not any(c.endswith(f"{local}") and "download" in c for c in result.commands)
-    record = result.functions[-1].function
+    record, run = result.functions[-1].function, State()  # pyinfra passes the run's State
     os.makedirs(os.path.dirname(local), exist_ok=True)  # files.get may have made it
     # the copy was cut short: the builder's sum does not match, nothing is recorded
     _wheel_tar(local + ".part")
@@ -438,12 +445,12 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
     with open(local + ".part", "r+b") as handle:
         handle.truncate(1000)
     open(local + ".part.sha256", "w").write(full + "\n")
-    assert record(None, LOG_HOST) is False
+    assert record(run, LOG_HOST) is False
     assert not os.path.exists(local) and not os.path.exists(local + ".sha256")
     # a complete copy: renamed into place, its sum recorded next to it
     _wheel_tar(local + ".part")
     open(local + ".part.sha256", "w").write(full + "\n")
-    assert record(None, LOG_HOST) is True
+    assert record(run, LOG_HOST) is True
     assert apex_build.controller_wheel_ok(local) == (
         True,
         f"{local} matches its recorded sha256 {full}",

@@ -386,8 +386,8 @@ def test_mirror_fact_goes_through_the_proxy_and_waits_for_the_file():
 
 
 def test_credentials_step_queued_once_per_host_and_run():
-    from types import SimpleNamespace
+    from pyinfra.api import State
 
-    state = SimpleNamespace()
+    state = State()
     assert proxy_op.first_time(state, "lab1") and proxy_op.first_time(state, "lab2")
     assert not proxy_op.first_time(state, "lab1")

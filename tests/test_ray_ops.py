@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+from pyinfra.api import State
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
@@ -195,7 +196,7 @@ class _Inventory:
         self.members = members
         self.active = active
         self.head = head
-        self.state = object()
+        self.state = State()
 
     def __iter__(self):
         return iter(self.members)

@@ -20,6 +20,7 @@ from facts.run_lock import RunLock, RunLockState
 from operations import run_lock as op
 from p40fleet import controller, run_lock
 from p40fleet.run_lock import BOOT_GRACE_S, MAX_AGE_S, Holder
+from p40fleet.run_record import run_record
 from tests.opharness import run_op
 
 REPO = Path(__file__).resolve().parent.parent
@@ -372,7 +373,7 @@ def test_a_deferred_release_is_given_once_to_whoever_runs_last(tmp_path):
         me = op.this_run()
         op.defer_release()
     assert op.release_for(host) is None  # not taken by this run: nothing to release
-    state.p40fleet_run_lock_held = {host.name}  # as take() leaves it at execution
+    run_record(state).lock_held = {host.name}  # as take() leaves it at execution
     command = op.release_for(host)
     assert command == run_lock.release_command(str(tmp_path / "lock"), me)
     assert op.release_for(host) is None  # given once

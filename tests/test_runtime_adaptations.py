@@ -10,9 +10,10 @@ The project code (``deploy/``, ``facts/``, ``operations/``, ``p40fleet/``, ``p40
 - **patch**: a store or delete (``X.a = ...``, ``setattr(X, ...)``, ``del X.a``) on something
   reached from a pyinfra, paramiko, pyinfra_cli or inspect import (a class or a module, or
   what hangs off pyinfra's ``host``: ``host.connector.x = ...``). A store on the context
-  objects ``host``, ``state``, ``config`` and ``inventory`` themselves is not counted: what a
-  run keeps on them is the run's record, another step of issue 29, and ``config.SUDO = True``
-  is pyinfra's own way;
+  objects ``host``, ``state``, ``config`` and ``inventory`` themselves is not counted: it
+  patches nothing (an attribute of ours on the State is ``tests/test_run_record.py``'s to
+  catch: the run's record is ``p40fleet.run_record``), and ``config.SUDO = True`` is pyinfra's
+  own way;
 - **sys.modules**: a write into ``sys.modules`` (``sys.modules[k] = m``, ``.update``,
   ``.setdefault``, ``del``): how ``inspect.getmodule`` is steered;
 - **transport**: a reach into a connection's paramiko transport (``.connector.client``,
@@ -70,7 +71,7 @@ NOT_ADAPTATIONS: dict[tuple[str, str], str] = {
 }
 
 _ROOTS = ("pyinfra", "pyinfra_cli", "paramiko", "inspect")
-#: pyinfra's context objects: a store on them is the run's record, not a patch of pyinfra.
+#: pyinfra's context objects: a store on them patches nothing of pyinfra (see the module doc).
 _CONTEXT = {"host", "state", "config", "inventory"}
 _PYINFRA_TOP = {"host", "state", "config", "inventory", "local", "logger"}
 _TRANSPORT = {"get_transport", "_active_check_timeout"}
@@ -165,7 +166,7 @@ def sightings(source: str) -> Iterator[str]:
 
     def reached(owner: list[str]) -> bool:
         """Is ``owner`` (what is stored on) pyinfra's, paramiko's or inspect's? ``state`` or
-        ``host`` itself is not (the run's record), what hangs off it is (``host.connector``)."""
+        ``host`` itself is not (no patch), what hangs off it is (``host.connector``)."""
         if owner[0] not in bound:
             return False
         return len(owner) > 1 or owner[0] not in _CONTEXT
@@ -375,7 +376,7 @@ def test_the_scan_sees(source, expected):
         "from pyinfra.connectors.ssh import SSHConnector\nissubclass(c, SSHConnector)",
         "import paramiko\nt = paramiko.Transport(sock)",
         "import inspect\ninspect.signature(f)\ninspect.getsource(c)",
-        "from pyinfra import state\nsetattr(state, 'p40fleet_x', 1)",  # the run's record
+        "from pyinfra import state\nsetattr(state, 'p40fleet_x', 1)",  # test_run_record's
         "from pyinfra import state\nstate.p40fleet_y = {}",
         "from pyinfra import config\nconfig.SUDO = True",  # pyinfra's own deploy-file config
         "import sys\nx = sys.modules.get('a')\nsys.modules['a'].b",

@@ -218,19 +218,23 @@ def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
     from types import SimpleNamespace
 
     from operations import verification
+    from p40fleet.run_record import run_record
 
     class Host(SimpleNamespace):
         __hash__ = object.__hash__
 
+    class State(Host):  # hashable, as pyinfra's: it keys the run's record
+        pass
+
     written = []
     monkeypatch.setattr(verification, "finish", lambda entries: written.append(entries))
     lab1, lab2 = Host(name="lab1"), Host(name="lab2")
-    state = SimpleNamespace(is_executing=True, activated_hosts={lab1, lab2}, failed_hosts=set(),
-                            inventory=[lab1, lab2])  # fmt: skip
-    setattr(state, verification._SPECS_ATTR, {"lab1": None, "lab2": None})
+    state = State(is_executing=True, activated_hosts={lab1, lab2}, failed_hosts=set(),
+                  inventory=[lab1, lab2])  # fmt: skip
+    run_record(state).verify_specs.update({"lab1": None, "lab2": None})
     callback = verification._VerifyAfterLastOperation.host_disconnect
     callback(state, lab1)  # lab1 reboots; lab2 goes on
-    assert written == [] and not getattr(state, verification._FINISHED_ATTR, False)
+    assert written == [] and not run_record(state).verify_finished
     state.failed_hosts = {lab1, lab2}  # every host failed or was refused: the run ends here
     monkeypatch.setattr(verification, "_unprobed_entry", lambda target, specs: {"h": target.name})
     callback(state, lab1)

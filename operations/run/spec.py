@@ -23,6 +23,7 @@ from operations import run_lock
 from operations.refuse import refuse_host, refused_hosts
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.run_mode import NO_WAIT_REMEDY, NO_WAIT_STEP, no_wait_refusal
+from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host, trust_anchor_overrides
 from p40fleet.verification.check import spec_failure
@@ -37,15 +38,8 @@ _SPEC_REMEDY = (
 )
 
 
-_SPECS_ATTR = "p40fleet_validated_specs"
-
-
 def _specs() -> dict[str, StackSpec]:
-    specs = getattr(state, _SPECS_ATTR, None)
-    if specs is None:
-        specs = {}
-        setattr(state, _SPECS_ATTR, specs)
-    return specs
+    return run_record(state).specs
 
 
 def validated_spec(*, lock: bool = True) -> StackSpec | None:

@@ -43,6 +43,7 @@ from pyinfra.api.exceptions import ConnectError
 from pyinfra.connectors.ssh import SSHConnector
 
 from p40fleet.host_key import REFUSED
+from p40fleet.run_record import run_record
 
 __all__ = [
     "connect_failure",
@@ -52,21 +53,15 @@ __all__ = [
 
 _GUARDED = ("run_shell_command", "put_file", "get_file")
 
-_FAILURES_ATTR = "p40fleet_connect_failures"
-
 
 def connect_failure(target: Any) -> tuple[str, str] | None:
     """``(kind, message)`` of ``target``'s failed connection in this run, or None."""
-    failures = getattr(target.state, _FAILURES_ATTR, None) or {}
-    return failures.get(target.name)
+    return run_record(target.state).connect_failures.get(target.name)
 
 
 def _record_failure(target: Any, kind: str, message: str) -> None:
     state = target.state
-    failures = getattr(state, _FAILURES_ATTR, None)
-    if failures is None:
-        failures = {}
-        setattr(state, _FAILURES_ATTR, failures)
+    failures = run_record(state).connect_failures
     failures[target.name] = (kind, message)
     hosts = [h for h in state.inventory if state.is_host_in_limit(h)]
     if hosts and all(h.name in failures for h in hosts):
