@@ -206,7 +206,7 @@ if spec is not None:
         name=f"verl patch rules ({profile})",
         python=python,
         checkout=env.verl_checkout,
-        script_src=os.path.join(FILES, "verl_patch.py"),
+        script_src=os.path.join(FILES, "verl_patches.py"),
         rules_json=verl_patches.ruleset_json(spec.verl.ref, profile),
         work_dir=f"{cache}/verl-patch",
         checkout_changes=moving,

@@ -40,7 +40,7 @@ __all__ = [
     "survey_parts",
 ]
 
-#: Exit codes of files/verl_patch.py.
+#: Exit codes of files/verl_patches.py.
 PATCH_EXIT = {"changed": 0, "no-change": 100, "mismatch": 2, "local-edits": 3, "unsupported": 4}
 #: In the env dir: sha256 of the requirements file last installed there.
 REQUIREMENTS_MARKER = ".p40fleet-verl-requirements.sha256"
@@ -105,7 +105,7 @@ def checkout(
             )
         fetch = StringCommand("git -C", q_path, "fetch --quiet --tags --force origin")
         yield proxied(as_user(user, fetch), proxy)
-        # Only our recorded patches may differ from HEAD (files/verl_patch.py --guard, which owns
+        # Only our recorded patches may differ from HEAD (files/verl_patches.py --guard, which owns
         # the record): the user's edits and untracked files in the new commit's way stop the host
         # naming the files; our patches are restored, so the checkout below needs no -f. The
         # applier is not uploaded yet (the patch step does that): its text runs as the program.
@@ -152,12 +152,15 @@ def checkout(
     )
 
 
+#: The applier's name on hosts: files/verl_patches.py keeps the name converged hosts hold, so a
+#: converged host sees no new upload.
+HOST_APPLIER = "verl_patch.py"
+
+
 def patch_files(work_dir: str, rules_json: str) -> tuple[str, str]:
     """The applier's and the rule set's paths on the host (the rule set named by its sum)."""
     digest = hashlib.sha256(rules_json.encode()).hexdigest()[:16]
-    return posixpath.join(work_dir, "verl_patch.py"), posixpath.join(
-        work_dir, f"rules-{digest}.json"
-    )
+    return posixpath.join(work_dir, HOST_APPLIER), posixpath.join(work_dir, f"rules-{digest}.json")
 
 
 @operation()
@@ -171,11 +174,11 @@ def patch(
     checkout_changes: bool = False,
 ):
     """
-    Apply the profile's verl patch rules with ``files/verl_patch.py`` on the host.
+    Apply the profile's verl patch rules with ``files/verl_patches.py`` on the host.
 
     + python: interpreter that runs the applier (stdlib only)
     + checkout: the verl checkout
-    + script_src: local path of ``files/verl_patch.py``
+    + script_src: local path of ``files/verl_patches.py``
     + rules_json: the rule set (``p40fleet.verl_patches``), as JSON text
     + work_dir: where the applier and rules are uploaded
     + user: owner of the uploaded files
@@ -340,7 +343,7 @@ def survey_parts(spec: StackSpec) -> list[Part]:
     the_env = conda_env_dir(env.conda_prefix, env.name)
     cache = f"{user.home}/.cache/p40fleet"
     work_dir = f"{cache}/verl-patch"
-    script = posixpath.join(work_dir, "verl_patch.py")
+    script = posixpath.join(work_dir, HOST_APPLIER)
     parts = [
         part(GitCheckout, path=env.verl_checkout, **by_user),  # checkout, checkout_moves
         part(Directory, path=work_dir),  # patch (mkdir_as)

@@ -1,7 +1,7 @@
 """verl capability patch rules, as data, per supported verl ref and GPU capability profile.
 
 A rule is literal text: ``old`` must occur exactly ``count`` times in ``file`` (relative to the
-checkout) and becomes ``new``. The applier (``files/verl_patch.py``, standard library only, run
+checkout) and becomes ``new``. The applier (``files/verl_patches.py``, standard library only, run
 on the host) checks every rule before writing any file and records what it applied; this module
 loads it for in-process use (:func:`plan`, :func:`apply`) so there is one implementation.
 
@@ -38,13 +38,13 @@ from p40fleet.profile import PROFILES
 
 
 def _applier_path() -> Path:
-    """``files/verl_patch.py`` of the checkout: the one this package sits in (an editable
+    """``files/verl_patches.py`` of the checkout: the one this package sits in (an editable
     install), else the working directory (a wheel holds no files/; deploys run from the
     checkout)."""
     for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        if (root / "files" / "verl_patch.py").is_file():
-            return root / "files" / "verl_patch.py"
-    return Path(__file__).resolve().parent.parent / "files" / "verl_patch.py"
+        if (root / "files" / "verl_patches.py").is_file():
+            return root / "files" / "verl_patches.py"
+    return Path(__file__).resolve().parent.parent / "files" / "verl_patches.py"
 
 
 #: The applier: the only owner of the patch record's name and format.
@@ -52,7 +52,7 @@ APPLIER_PATH = _applier_path()
 
 
 def load_applier() -> ModuleType:
-    """Import files/verl_patch.py (the one applier implementation) as a module."""
+    """Import files/verl_patches.py (the one applier implementation) as a module."""
     name = "p40fleet_verl_patch_applier"
     if name in sys.modules:
         return sys.modules[name]
@@ -371,7 +371,7 @@ def plan(checkout: str | Path, ref: str, profile: str) -> dict[str, Any]:
 
 
 def apply(checkout: str | Path, ref: str, profile: str, check: bool = False) -> dict[str, Any]:
-    """Apply in-process (tests, local checkouts). Hosts run files/verl_patch.py instead."""
+    """Apply in-process (tests, local checkouts). Hosts run files/verl_patches.py instead."""
     return load_applier().apply(str(checkout), rule_set(ref, profile).to_json_dict(), check=check)
 
 
@@ -379,7 +379,7 @@ def apply(checkout: str | Path, ref: str, profile: str, check: bool = False) -> 
 #
 # Never applied to a host's ~/verl: verify --smoke on a simulated host (p40lab) copies the
 # checkout's verl package into a scratch directory, applies these rules there with
-# files/verl_patch.py and puts that copy first on PYTHONPATH (issue 25, the CPU probe:
+# files/verl_patches.py and puts that copy first on PYTHONPATH (issue 25, the CPU probe:
 # the three edits one v0.5.0 PPO step on CPU needs, FSDP1, no reference policy).
 
 LAB_CPU_PROFILE = "lab-cpu"
@@ -477,5 +477,5 @@ def lab_cpu_rule_set(ref: str) -> RuleSet:
 
 
 def lab_cpu_ruleset_json(ref: str) -> str:
-    """The JSON files/verl_patch.py takes (``--rules``) for the lab-only CPU rule set."""
+    """The JSON files/verl_patches.py takes (``--rules``) for the lab-only CPU rule set."""
     return json.dumps(lab_cpu_rule_set(ref).to_json_dict(), indent=2, sort_keys=True) + "\n"

@@ -189,7 +189,7 @@ def _scenarios(tmp: Path) -> dict[str, list[tuple[dict, dict]]]:
         "verl.checkout": [({"path": ENV.verl_checkout, "remote": "http://m/verl.git",
                             "ref": "v0.5.0", "commit": "0" * 40, "user": USER}, {})],
         "verl.patch": [({"python": PY, "checkout": ENV.verl_checkout,
-                         "script_src": str(REPO / "files" / "verl_patch.py"), "rules_json": rules,
+                         "script_src": str(REPO / "files" / "verl_patches.py"), "rules_json": rules,
                          "work_dir": f"{CACHE}/verl-patch", "user": USER}, f)
                        for f in (missing, planted)],
         "verl.requirements": [({"python": PY, "src": REQS,

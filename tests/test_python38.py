@@ -2,7 +2,7 @@
 Ubuntu 20.04's: parsed as 3.8 always, and run under a real 3.8 interpreter where one is installed
 (pyenv's, beside the system python; a skip says so plainly when there is none).
 
-The pieces: ``files/verl_patch.py`` (the patch step runs it, and ``operations/verl.py`` runs its
+The pieces: ``files/verl_patches.py`` (the patch step runs it, and ``operations/verl.py`` runs its
 text with ``python3 -c`` as the ref-change guard) and the verify probe's ``verl-patches``
 snippet (``files/verify-probe.sh.j2``: the env's python, else the system ``python3``). The
 probe's other snippet runs under the env's python (3.10) only, and is held to 3.8 as well: one
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-APPLIER = ROOT / "files" / "verl_patch.py"
+APPLIER = ROOT / "files" / "verl_patches.py"
 PROBE = ROOT / "files" / "verify-probe.sh.j2"
 FOCAL = (3, 8)
 # where operations/ and facts/ run Python with the host's python3, and what text they run

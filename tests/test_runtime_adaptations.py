@@ -65,7 +65,7 @@ ADAPTATIONS: dict[str, set[str]] = {
 #: Sightings outside ``p40fleet/runtime/`` that adapt nothing of pyinfra, paramiko or inspect.
 NOT_ADAPTATIONS: dict[tuple[str, str], str] = {
     ("p40fleet/verl_patches.py", "sys.modules: sys.modules[...] ="): (
-        "importlib's recipe for importing a source file (files/verl_patch.py, the applier) "
+        "importlib's recipe for importing a source file (files/verl_patches.py, the applier) "
         "as a module, under its own name: it stands for no deploy file's frame"
     ),
 }

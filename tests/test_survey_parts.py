@@ -382,7 +382,7 @@ def cases(spec: StackSpec) -> dict[str, list[tuple[Callable[..., Any], dict]]]:
             "commit": spec.verl.commit, "proxy": spec.proxy, **by_user})],
         "verl.patch": [(verl.patch, {
             "python": python, "checkout": env.verl_checkout,
-            "script_src": str(FILES / "verl_patch.py"),
+            "script_src": str(FILES / "verl_patches.py"),
             "rules_json": verl_patches.ruleset_json(spec.verl.ref, "pascal"),
             "work_dir": f"{cache}/verl-patch", **by_user})],
         "verl.requirements": [(verl.requirements, {

@@ -15,7 +15,7 @@ What one ``--plan`` does on the device
 1. Environment (once per machine): joins ray's wheel from its two carried parts (sha256 from
    the manifest), ``pip install --no-deps --no-index --target STAGE/site`` of every carried
    wheel, and applies the project's own verl patch rules (``p40fleet.verl_patches``, i.e.
-   ``files/verl_patch.py``) for the plan's profile to the installed verl. pydantic (which
+   ``files/verl_patches.py``) for the plan's profile to the installed verl. pydantic (which
    ``p40fleet.spec`` needs, and the device lacks) goes to ``STAGE/plan-site``, for this process
    only, so the trainer sees exactly the carried verl set plus the device's own packages.
 2. Plan: ``p40fleet.launch.plan_launch`` for fake PCI facts (``PLANS``: 10de:1b38 Tesla P40 or
