@@ -3,9 +3,12 @@ line, whether a torch pin is a CUDA build, why the env's python gave no answer."
 
 from __future__ import annotations
 
+from typing import Any
+
 from packaging.version import InvalidVersion, Version
 
-from p40fleet.verification.probe import Section
+from p40fleet.verification.check import FAIL, Check, force_reinstall, no_answer
+from p40fleet.verification.probe import CheckContext, Section
 
 SYSTEM = "run `pyinfra -y INVENTORY deploy/system.py`"
 
@@ -47,3 +50,19 @@ def py_failure(section: Section, what: str) -> str:
     if section.rc == 124:
         return f"{what} timed out{tail}"
     return f"{what} gave no answer (exit {section.rc}){tail}"
+
+
+def package_answer(
+    ctx: CheckContext, name: str, package: str
+) -> tuple[dict[str, Any] | None, Check | None]:
+    """The ``package`` snippet's answer, or check ``name``'s FAIL saying why there is none."""
+    remedy = force_reinstall(package, PYTHON)
+    section = ctx.answers.section(package)
+    if section is None:
+        return None, no_answer(name, f"import {package}", remedy)
+    if missing := python_missing(section):
+        return None, Check(name, FAIL, missing, PYTHON)
+    answer = section.answer
+    if answer is None:
+        return None, Check(name, FAIL, py_failure(section, f"import {package}"), remedy)
+    return answer, None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from p40fleet.verification.check import (
     FAIL,
     PASS,
@@ -13,26 +11,13 @@ from p40fleet.verification.check import (
     force_reinstall,
     no_answer,
 )
-from p40fleet.verification.checks._common import PYTHON, is_cuda_build, py_failure, python_missing
+from p40fleet.verification.checks._common import PYTHON, is_cuda_build, package_answer
 from p40fleet.verification.probe import CheckContext
-
-
-def _apex_answer(ctx: CheckContext, name: str) -> tuple[dict[str, Any] | None, Check | None]:
-    remedy = force_reinstall("apex", PYTHON)
-    section = ctx.answers.section("apex")
-    if section is None:
-        return None, no_answer(name, "import apex", remedy)
-    if missing := python_missing(section):
-        return None, Check(name, FAIL, missing, PYTHON)
-    answer = section.answer
-    if answer is None:
-        return None, Check(name, FAIL, py_failure(section, "import apex"), remedy)
-    return answer, None
 
 
 def apex(ctx: CheckContext) -> Check:
     name = "apex"
-    answer, problem = _apex_answer(ctx, name)
+    answer, problem = package_answer(ctx, name, "apex")
     if problem is not None:
         return problem
     assert answer is not None
@@ -58,7 +43,7 @@ def apex_cuda(ctx: CheckContext) -> Check:
         )
     if ctx.sim:
         return Check(name, SKIP, f"{SIMULATED}: the lab's Apex has no CUDA extensions")
-    answer, problem = _apex_answer(ctx, name)
+    answer, problem = package_answer(ctx, name, "apex")
     if problem is not None:
         return problem
     assert answer is not None

@@ -12,9 +12,8 @@ from p40fleet.verification.check import (
     SKIP,
     Check,
     force_reinstall,
-    no_answer,
 )
-from p40fleet.verification.checks._common import PYTHON, is_cuda_build, py_failure, python_missing
+from p40fleet.verification.checks._common import PYTHON, is_cuda_build, package_answer
 from p40fleet.verification.probe import CheckContext
 
 
@@ -33,18 +32,11 @@ def _torch_line(answer: Mapping[str, Any]) -> str:
 
 def _torch_answer(ctx: CheckContext, name: str) -> tuple[dict[str, Any] | None, Check | None]:
     """The torch snippet's answer, or the FAIL saying why there is none."""
-    remedy = force_reinstall("torch", PYTHON)
-    section = ctx.answers.section("torch")
-    if section is None:
-        return None, no_answer(name, "import torch", remedy)
-    if missing := python_missing(section):
-        return None, Check(name, FAIL, missing, PYTHON)
-    answer = section.answer
-    if answer is None:
-        return None, Check(name, FAIL, py_failure(section, "import torch"), remedy)
-    if answer.get("error"):
+    answer, problem = package_answer(ctx, name, "torch")
+    if answer is not None and answer.get("error"):
+        remedy = force_reinstall("torch", PYTHON)
         return None, Check(name, FAIL, f"import torch failed: {answer['error']}", remedy)
-    return answer, None
+    return answer, problem
 
 
 def torch_version(ctx: CheckContext) -> Check:
