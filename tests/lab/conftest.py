@@ -76,6 +76,8 @@ class Lab:
         self.seeded: list[str] = []
         #: seed name -> its hard-linked files' signature when it was saved
         self.seed_signatures: dict[str, dict] = {}
+        #: what the seeds did this session (saved, planted, dropped and why): pytest's summary
+        self.seed_log: list[str] = []
 
     # --- lifecycle -------------------------------------------------------------------------
     def up(self, gpus: str | None = None, seed: dict[str, str] | None = None, **plan_kw) -> dict:
@@ -94,6 +96,9 @@ class Lab:
         self.up_seconds = time.monotonic() - t0
         self.default_wanted = False
         self.seeded = sorted(seeds)
+        if seed:
+            self.seed_log.append(f"up {gpus or self.gpus}: seeded {self.seeded or 'none'} "
+                                 f"of {sorted(seed)}, {self.up_seconds:.1f} s")  # fmt: skip
         return data
 
     def release(self) -> None:
@@ -134,6 +139,7 @@ class Lab:
         target = self.seed_dir(name)
         disks.clone_upper(self.root(host).parent / "upper", target)
         self.seed_signatures[name] = disks.linked_signature(target)
+        self.seed_log.append(f"seed {name} saved from {host} in {time.monotonic() - t0:.1f} s")
         return time.monotonic() - t0
 
     def _plant_seeds(self, specs: list, seeds: dict[str, Path]) -> dict[str, Path]:
@@ -150,8 +156,10 @@ class Lab:
             changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
             intact[name] = not changed
             if changed:
-                print(f"\nseed {name}: {len(changed)} linked file(s) changed since it was "
-                      f"saved (e.g. {changed[0]}): fresh disks instead")  # fmt: skip
+                self.seed_log.append(
+                    f"seed {name}: {len(changed)} linked file(s) changed since "
+                    f"it was saved (e.g. {changed[0]}): fresh disks instead"
+                )
         seeds = {h: d for h, d in seeds.items() if intact[d.name]}
         wanted = {s.name for s in specs}
         for old in state.HOSTS_DIR.glob(f"{state.HOST_PREFIX}*"):
@@ -271,6 +279,18 @@ class Lab:
         )  # fmt: skip
 
 
+_SESSION_LAB: list[Lab | None] = [None]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the seeds did, in CI's log too (pytest captures the tests' own prints)."""
+    the_lab = _SESSION_LAB[0]
+    if the_lab is not None and the_lab.seed_log:
+        terminalreporter.write_sep("-", "lab seeds")
+        for line in the_lab.seed_log:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def lab():
     if os.geteuid() != 0:
@@ -280,7 +300,7 @@ def lab():
     if not state.INSTANCE:
         pytest.fail("the lab tests must run in their own lab instance (tests/conftest.py)", False)
 
-    the_lab = Lab(
+    the_lab = _SESSION_LAB[0] = Lab(
         gpus=os.environ.get("P40LAB_TEST_GPUS", DEFAULT_GPUS),
         mirror=os.environ.get("P40LAB_NO_MIRROR") != "1",
     )
