@@ -175,9 +175,7 @@ def clone_disks(hosts_dir: Path, size: int) -> dict:
             continue
         shutil.rmtree(top, ignore_errors=True)
         top.mkdir(parents=True)
-        subprocess.run(["cp", "-al", "--preserve=all", str(source), str(top / "upper")],
-                       check=True)  # fmt: skip
-        copied = disks.unshare(top / "upper", LINKED)
+        copied = disks.clone_upper(source, top / "upper", LINKED)
         (top / CLONE_MARK).write_text(f"{source}\n")
         made += 1
     return {"clone_s": time.monotonic() - t0, "clones_made": made,
