@@ -9,7 +9,7 @@ Facts are gathered as each step needs them; a second run changes nothing.
 
 from pyinfra import host, local
 
-from operations.verification import verify_after_run
+from operations.run.verification import verify_after_run
 from p40fleet.spec import SpecError, spec_for_host
 
 # 1. Preflight: spec, GPUs (PCI ids, before any driver), OS, space, mirror — refusals first.

@@ -4,7 +4,7 @@
 
 The head is ``stack.ray.head`` or the one host of the inventory group ``ray_head``; ports and
 addresses come from ``stack.ray`` (p40fleet/spec/pins.py). The members are the cluster plan's
-(``operations.ray_cluster.membership``: the nodes that train on the most GPUs, the same plan as
+(``operations.run.ray_cluster.membership``: the nodes that train on the most GPUs, the same plan as
 deploy/training.py's scripts, also under ``--limit``). Per host: validated spec -> plan (head
 or worker, ``ray start ... --block`` from the env; ``--num-gpus=0`` on a head that is not a
 training node; a simulated training node offers its GPUs as fake GPUs and ``cpu`` resources,
@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from pyinfra import host, local
 
-from operations import ray, ray_cluster
+from operations import ray
 from operations.refuse import refuse
+from operations.run import ray_cluster
 from operations.run.spec import validated_spec
 from p40fleet.ray import RayError
 from p40fleet.spec import StackSpec

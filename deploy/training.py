@@ -7,7 +7,7 @@ validated spec -> 1. the model and 2. the data of ``stack.training``, each unpac
 its sha256-pinned archive when it has one (``operations.training.stage``: a re-run downloads
 nothing) -> 3. the launch plan (``operations.training.host_plan``: GPU facts, the staged model's
 config.json, with a Ray head in the inventory the cluster plan:
-``operations.ray_cluster.membership``, every inventory host's PCI GPUs, a host outside this run
+``operations.run.ray_cluster.membership``, every inventory host's PCI GPUs, a host outside this run
 from the last full run's record; ``p40fleet.launch``) -> the script in the training user's
 home (a host the cluster leaves out: a script for its own GPUs). Changes nothing when all of
 it is already right. A host that cannot get a script is refused on its own; the others go on.
@@ -20,8 +20,9 @@ from collections.abc import Mapping
 
 from pyinfra import host, local, state
 
-from operations import launch, ray_cluster, training, training_user
+from operations import launch, training, training_user
 from operations.refuse import refuse
+from operations.run import ray_cluster
 from operations.run.spec import validated_spec
 from p40fleet.launch import LaunchPlan
 from p40fleet.training import staged_dir

@@ -13,9 +13,9 @@ After the last host: one fleet table (``P40FLEET_VERIFY_TABLE=0`` turns it off) 
 
 With ``verify_smoke``, a Ray head of two or more training nodes also runs ONE step with the
 cluster's plan over the fleet's Ray cluster (``smoke step (cluster)``, after its own step;
-``operations.ray_cluster.cluster_smoke_checks``, ``docs/multi-node-step.md``).
+``operations.run.ray_cluster.cluster_smoke_checks``, ``docs/multi-node-step.md``).
 With ``verify_collective`` in the host data, the Ray head also runs one all-reduce over the
-cluster's training nodes (``operations.ray_cluster.collective_checks``).
+cluster's training nodes (``operations.run.ray_cluster.collective_checks``).
 
 A host outside the stack (its GPUs, OS, stack spec or verl ref refused, as by
 ``deploy/preflight.py``) is REFUSED: one verdict with the reason and the fix, nothing probed.
@@ -34,8 +34,9 @@ from facts.host import LinuxDistribution, os_label
 from facts.smoke import SmokeStep, SmokeTargets
 from facts.survey import ask
 from facts.verify import VerifyProbe
-from operations import launch, ray_cluster, training, verification
+from operations import launch, training
 from operations.refuse import refuse
+from operations.run import ray_cluster, verification
 from p40fleet import preflight, report
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.run_record import run_record

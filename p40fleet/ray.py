@@ -179,7 +179,7 @@ def plan_ray(
     no training worker on its GPUs, which its own launch script uses alone).
     ``resources``: Ray's custom resources (``--resources``, compact JSON): a simulated training
     node offers ``{"cpu": <its GPUs>}`` with as many fake GPUs, what verl 0.5.0's CPU step
-    asks a node for (``operations.ray_cluster.plan_for_host``).
+    asks a node for (``operations.run.ray_cluster.plan_for_host``).
     """
     ray = spec.ray
     address = host_port(head_address, ray.port)

@@ -90,7 +90,7 @@ class RunRecord:
     survey_books: dict[str, Any] = field(default_factory=dict)
 
     #: The hosts verified after the run's last operation, with their spec (None: refused;
-    #: ``operations.verification.verify_after_run``).
+    #: ``operations.run.verification.verify_after_run``).
     verify_specs: dict[str, StackSpec | None] = field(default_factory=dict)
 
     #: Whether the verification after the run is registered on the State (once per run).
@@ -105,7 +105,7 @@ class RunRecord:
     #: Whether ``deploy/verify.py`` has printed the fleet table and written the report.
     verify_printed: bool = False
 
-    #: The run's Ray cluster, planned once for every host (``operations.ray_cluster.
+    #: The run's Ray cluster, planned once for every host (``operations.run.ray_cluster.
     #: membership``; ``Any``: a ``Membership``, that module's own).
     ray_membership: Any = None
 

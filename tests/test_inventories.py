@@ -13,7 +13,7 @@ from pyinfra.connectors.util import CommandOutput, make_unix_command
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
-from operations import verification
+from operations.run import verification
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 

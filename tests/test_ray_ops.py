@@ -216,7 +216,7 @@ class _Inventory:
 def fleet(monkeypatch, tmp_path):
     """``fleet(counts, active=None)`` -> (ray_cluster module, members by name); the controller
     cache in tmp_path (its ray-members.json is the last full run's record)."""
-    from operations import ray_cluster
+    from operations.run import ray_cluster
 
     monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
 

@@ -4,7 +4,7 @@ rebooted worker rejoins (systemd, here the lab's systemctl double, starts it at 
 One fresh lab of three provisionable hosts (lab1 1xP40 = the head: the sim inventory's
 ``ray_head`` group, lab2 1xP40, lab3 1xP100), converged with ``deploy/full.py``, then
 ``deploy/ray.py``. The measured times are printed (``pytest -s``). The cluster plan
-(``operations.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
+(``operations.run.ray_cluster.membership``): 1+1+1 GPUs train as 3 nodes x 1; a run limited to
 lab1 plans the same cluster from the full run's record, and a full run after it changes nothing.
 ``verify --collective`` measures gloo over the lab bridge between the 3 training nodes (PASS at
 the default floor), and FAILs naming lab2 when a firewall (``p40lab block``) drops lab2's
