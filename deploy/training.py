@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from pyinfra import host, local, state
 
-from operations import launch, training, training_user
+from operations import training, training_user
 from operations.refuse import refuse
 from operations.run import ray_cluster
 from operations.run.spec import validated_spec
@@ -47,7 +47,7 @@ if spec is not None:
     if members is not None and members.shape is None:
         # never a script for a part of the cluster: the one there is left as it is
         refuse(
-            name=f"Refuse: PPO launch script ~{spec.user.name}/{launch.SCRIPT_NAME}",
+            name=f"Refuse: PPO launch script ~{spec.user.name}/{training.SCRIPT_NAME}",
             step="launch script",
             reason=f"no cluster plan, the script is left as it is: {members.problem}",
             remedy="run deploy/training.py without --limit, with every inventory host reachable",
@@ -59,7 +59,7 @@ if spec is not None:
             return training.host_plan(spec, model_config=model_config, cluster=shape)
 
         training.launch_script(
-            name=f"PPO launch script ~{spec.user.name}/{launch.SCRIPT_NAME}",
+            name=f"PPO launch script ~{spec.user.name}/{training.SCRIPT_NAME}",
             spec=spec,
             make_plan=make_plan,
             user_queued=host.name in training_user.queued_hosts(state),

@@ -34,7 +34,7 @@ from facts.host import LinuxDistribution, os_label
 from facts.smoke import SmokeStep, SmokeTargets
 from facts.survey import ask
 from facts.verify import VerifyProbe
-from operations import launch, training
+from operations import training
 from operations.refuse import refuse
 from operations.run import ray_cluster, verification
 from p40fleet import preflight, report
@@ -77,7 +77,7 @@ def smoke_step(spec: StackSpec, target, checks: list[Check]) -> Check:
     targets = SmokeTargets(
         user=spec.user.name,
         python=env_python(spec.env.conda_prefix, spec.env.name),
-        launch_script=launch.script_path(spec.user.home),
+        launch_script=training.script_path(spec.user.home),
         verl_checkout=spec.env.verl_checkout,
         verl_ref=spec.verl.ref,
         gpus=gpus,

@@ -30,7 +30,6 @@ from operations import (
     cuda,
     cudnn,
     driver,
-    launch,
     nouveau,
     proxy,
     run_lock,
@@ -60,7 +59,6 @@ MODULES = (
     apex,
     verl,
     training,  # deploy/training.py
-    launch,
 )
 
 

@@ -11,11 +11,14 @@ directory there without a marker is the admin's: refused, never overwritten. Wit
 nothing is staged: the admin puts the directory there; the run warns when it is incomplete,
 verify FAILs naming the path, and the launch script refuses to start.
 
-The launch script (``launch_script``) is sized from the model's ``config.json``. pyinfra reads
-facts when the deploy file loads, before this run's staging has unpacked anything; pyinfra 3
-calls an operation's body again when it executes (facts are read afresh there), so the plan is
-made inside the body: on the first run the script is written from the config.json staging just
-unpacked, not from a guess.
+The launch script (``launch_script``: ``~/launch-ppo.sh``, rendered from
+``files/launch-ppo.sh.j2``) is sized from the model's ``config.json``. pyinfra reads facts when
+the deploy file loads, before this run's staging has unpacked anything; pyinfra 3 calls an
+operation's body again when it executes (facts are read afresh there), so the plan is made
+inside the body: on the first run the script is written from the config.json staging just
+unpacked, not from a guess. The training user writes it (``operations.util.as_user.put_as``:
+root stages it outside the home); an identical file (same sha1, mode, owner, as the user reads
+it) changes nothing.
 """
 
 from __future__ import annotations
@@ -23,19 +26,23 @@ from __future__ import annotations
 import posixpath
 import shlex
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Users
 
 from facts.driver import NvidiaSmi
 from facts.gpu import PciGpus
+from facts.home import UserFile
 from facts.survey import Part, ask, part
 from facts.training import ModelConfig, StagedDir, StagedDirState
 from operations import artifacts
-from operations import launch as launch_ops
 from operations.refuse import refuse
-from operations.util.as_user import as_user
+from operations.util.as_user import as_user, put_as
+from operations.util.unchanged import rendered, same_user_file
 from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, plan_launch
 from p40fleet.spec import StackSpec
 from p40fleet.training import (
@@ -50,15 +57,27 @@ from p40fleet.training import (
 )
 
 __all__ = [
+    "SCRIPT_NAME",
+    "TEMPLATE",
     "gpu_memory_mib",
     "host_plan",
     "launch_script",
     "missing",
     "needs_staging",
+    "script_path",
     "stage",
     "training_target",
     "survey_parts",
+    "write_launch_script",
 ]
+
+SCRIPT_NAME = "launch-ppo.sh"
+TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "launch-ppo.sh.j2")
+
+
+def script_path(home: str, name: str = SCRIPT_NAME) -> str:
+    """``<home>/launch-ppo.sh``."""
+    return posixpath.join(home, name)
 
 
 def missing(spec: StackSpec, which: str, state: StagedDirState) -> list[str]:
@@ -303,16 +322,61 @@ def launch_script(
             remedy="run deploy/facts.py and fix what it reports",
         )
         return
-    yield from launch_ops.launch_script._inner(
+    yield from write_launch_script(
         plan=plan, user=spec.user.name, home=spec.user.home, user_queued=user_queued
     )
 
 
+def write_launch_script(
+    plan: LaunchPlan, user: str, home: str, name: str = SCRIPT_NAME, user_queued: bool = False
+):
+    """
+    The commands of :func:`launch_script` once the plan is made (not an operation): write
+    ``<home>/<name>`` (mode 755, owned by ``user``) running verl's PPO per ``plan``.
+
+    + plan: the host's launch plan (``p40fleet.launch.plan_launch``)
+    + user: the training user (owner and group of the script)
+    + home: the training user's home, where the script goes
+    + name: the script's file name
+    + user_queued: an earlier operation of this run creates the user and home (deploy/full.py)
+
+    Refuses the host (changes nothing) when the user or its home does not exist yet: the
+    Python layer (deploy/python.py) creates both.
+    """
+    if not user_queued and user not in ask(host, Users):
+        yield from refuse._inner(
+            step="launch script",
+            reason=f"training user {user} does not exist",
+            remedy="run deploy/python.py first (it creates the training user)",
+        )
+        return
+    if not user_queued and not ask(host, Directory, path=home):
+        yield from refuse._inner(
+            step="launch script",
+            reason=f"home directory {home} of training user {user} does not exist",
+            remedy="run deploy/python.py first (it creates the training user and its home)",
+        )
+        return
+    values = plan.template_vars()
+    dest = script_path(home, name)
+    text = rendered(TEMPLATE, **values)
+    if same_user_file(dest, text, user, "755"):
+        return
+    if ask(host, UserFile, path=dest, user=user).kind == "dir":
+        yield from refuse._inner(
+            step="launch script",
+            reason=f"{dest} is a directory where the launch script goes",
+            remedy=f"as {user}, move it away (mv {dest} {dest}.moved) and re-run",
+        )
+        return
+    yield from put_as(user, text, dest, "755")
+
+
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts this module asks on a converged host: :func:`stage`, :func:`needs_staging`,
-    :func:`host_plan` and :func:`launch_script` (with the launch script's own,
-    ``operations.launch``; ``operations.survey``)."""
-    by_user = {"user": spec.user.name}
+    :func:`host_plan` and :func:`launch_script` (``operations.survey``)."""
+    user = spec.user
+    by_user = {"user": user.name}
     model = staged_dir(spec, "model")
     return [
         part(StagedDir, path=model, **by_user),
@@ -320,5 +384,7 @@ def survey_parts(spec: StackSpec) -> list[Part]:
         part(ModelConfig, path=model, **by_user),
         part(PciGpus),
         part(NvidiaSmi),
-        *launch_ops.survey_parts(spec),
+        part(Users),  # a user not queued by this run
+        part(Directory, path=user.home),
+        part(UserFile, path=script_path(user.home), user=user.name),
     ]

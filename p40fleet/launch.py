@@ -1,6 +1,6 @@
 """The PPO launch for one host: GPU facts + stack spec -> Hydra overrides and environment.
 
-Pure: no pyinfra, no I/O. ``operations/launch.py`` renders the result into
+Pure: no pyinfra, no I/O. ``operations/training.py`` renders the result into
 ``files/launch-ppo.sh.j2``; ``deploy/training.py`` feeds it the host's facts.
 
 What the script runs

@@ -170,16 +170,14 @@ def _scenarios(tmp: Path) -> dict[str, list[tuple[dict, dict]]]:
                         "lock": str(REPO / "files" / "conda-env-v0.5.0.txt"),
                         "lock_dest": f"{SPEC.paths.artifact_cache}/conda-env-v0.5.0.txt"},
                        {})],
-        "launch.launch_script": [({"plan": _lab_plan(None), "user": USER, "home": HOME},
-                                  {Users: users, **f, at(Directory, path=HOME): {"mode": 750}})
-                                 for f in (missing, planted)],
         "torch.torch": [({"python": PY, "version": "2.13.0+cpu", "lock": lock,
                           "lock_dest": f"{SPEC.paths.artifact_cache}/torch-requirements-lab.txt",
                           "user": USER}, {})],
         "training.stage": [({"which": which, "spec": SPEC}, staging)
                            for which in ("model", "data")],
-        "training.launch_script": [({"spec": SPEC, "make_plan": _lab_plan, "user_queued": True},
-                                    {Users: users, **f}) for f in (missing, planted)],
+        "training.launch_script": [({"spec": SPEC, "make_plan": _lab_plan, "user_queued": queued},
+                                    {Users: users, **f, at(Directory, path=HOME): {"mode": 750}})
+                                   for queued in (False, True) for f in (missing, planted)],
         "training_user.training_user": [({"user": USER, "uid": SPEC.user.uid, "home": HOME},
                                          {Users: {}, Directory: None})],
         "training_user.directory": [({"path": path, "user": USER, "group": USER, "mode": "750"},
@@ -229,9 +227,9 @@ def test_no_operation_acts_under_the_home_as_root(tmp_path):
                 bad.setdefault(name, []).extend(problems)
     assert not bad, "\n".join(f"{n}: {p}" for n, ps in bad.items() for p in ps)
     # the walk did reach the writes: each of these acted in at least one case
-    assert {"apex.put_wheel", "apex.fetch_wheel", "launch.launch_script", "training.stage",
-            "training.launch_script", "training_user.directory", "verl.patch",
-            "verl.requirements", "training_user.training_user",
+    assert {"apex.put_wheel", "apex.fetch_wheel", "training.stage", "training.launch_script",
+            "training_user.directory", "verl.patch", "verl.requirements",
+            "training_user.training_user",
             "uninstall.home_removed"} <= acted  # fmt: skip
 
 

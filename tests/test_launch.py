@@ -1,5 +1,6 @@
 """p40fleet.launch (overrides per profile, sizing rule, refusals), the rendered launch script
-(bash -n, refusal with exit 2, exec with the overrides and "$@"), operations.launch."""
+(bash -n, refusal with exit 2, exec with the overrides and "$@"), and its writer
+(``operations.training.write_launch_script``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir, Users
 
 from facts.home import UserFile, UserFileState
-from operations import launch as launch_op
+from operations.training import SCRIPT_NAME, write_launch_script
 from p40fleet import launch
 from p40fleet import verl_patches as vp
 from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for
@@ -391,14 +392,12 @@ FRESH = {
 
 def staged_upload(r) -> tuple[str, str]:
     """The one upload of the launch script: (root's stage path, its text)."""
-    [(dest, data)] = [
-        (d, v) for d, v in r.uploads.items() if d.endswith("-" + launch_op.SCRIPT_NAME)
-    ]
+    [(dest, data)] = [(d, v) for d, v in r.uploads.items() if d.endswith("-" + SCRIPT_NAME)]
     return dest, data.decode() if isinstance(data, bytes) else data
 
 
 def render(plan) -> str:
-    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=FRESH)
+    r = run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts=FRESH)
     return staged_upload(r)[1]
 
 
@@ -406,7 +405,7 @@ def test_operation_stages_the_script_outside_the_home_and_the_user_writes_it():
     """N1: root uploads into its own 0700 stage dir; the user copies it in (mode 755, a
     rename over whatever is at the path: a planted symlink is replaced, never followed)."""
     r = run_op(
-        launch_op.launch_script,
+        write_launch_script,
         plan=plan_launch(SPEC, [P40] * 4),
         user="verl",
         home=HOME,
@@ -428,11 +427,11 @@ def test_operation_identical_script_is_no_change():
     text = render(plan)
     same = UserFileState("file", 755, "verl", hashlib.sha1(text.encode()).hexdigest())
     facts = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): same}
-    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts)
+    r = run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts=facts)
     assert r.commands == [] and r.noops
     # another GPU count is another script
     other = plan_launch(SPEC, [P40] * 8)
-    r = run_op(launch_op.launch_script, plan=other, user="verl", home=HOME, facts=facts)
+    r = run_op(write_launch_script, plan=other, user="verl", home=HOME, facts=facts)
     assert r.commands[1].startswith(f"upload {STAGE_DIR}/")
     # the same text at another mode, or owned by someone else, is written again
     for wrong in (
@@ -440,18 +439,16 @@ def test_operation_identical_script_is_no_change():
         UserFileState("file", 755, "root", same.sha1),
     ):
         facts = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): wrong}
-        assert run_op(
-            launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts
-        ).changed
+        assert run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts=facts).changed
 
 
 def test_a_symlink_at_the_script_is_replaced_by_the_user_and_a_directory_refuses_the_host():
     plan = plan_launch(SPEC, [P40] * 4)
     link = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): UserFileState("link")}
-    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=link)
+    r = run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts=link)
     assert any(c.startswith("su -s /bin/sh verl -c") for c in r.commands) and not r.failures
     folder = {**FRESH, at(UserFile, path=SCRIPT, user="verl"): UserFileState("dir")}
-    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=folder)
+    r = run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts=folder)
     assert r.commands == ["function _fail"]
     assert (
         SCRIPT in r.failures[0]
@@ -462,10 +459,10 @@ def test_a_symlink_at_the_script_is_replaced_by_the_user_and_a_directory_refuses
 
 def test_operation_refuses_without_the_training_user_or_home():
     plan = plan_launch(SPEC, [P40])
-    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts={Users: {}})
+    r = run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts={Users: {}})
     assert r.commands == ["function _fail"] and "run deploy/python.py" in r.failures[0]
     facts = {Users: USERS, at(Directory, path=HOME): None}
-    r = run_op(launch_op.launch_script, plan=plan, user="verl", home=HOME, facts=facts)
+    r = run_op(write_launch_script, plan=plan, user="verl", home=HOME, facts=facts)
     assert "home directory /home/verl" in r.failures[0]
 
 

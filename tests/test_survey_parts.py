@@ -62,7 +62,6 @@ from operations import (
     cuda,
     cudnn,
     driver,
-    launch,
     nouveau,
     proxy,
     run_lock,
@@ -74,7 +73,6 @@ from operations import (
 )
 from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.gpu_catalog import lookup
-from p40fleet.launch import plan_launch
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import PROXY_FILE
 from p40fleet.run_lock import DEFAULT_PATH
@@ -399,8 +397,6 @@ def cases(spec: StackSpec) -> dict[str, list[tuple[Callable[..., Any], dict]]]:
         "training.launch_script": [(training.launch_script, {
             "spec": spec, "make_plan": make_plan, "user_queued": queued})
             for queued in (False, True)],
-        "launch.launch_script": [(launch.launch_script, {
-            "plan": plan_launch(spec, [P40] * 4), "user": user.name, "home": user.home})],
     }  # fmt: skip
 
 

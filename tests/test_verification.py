@@ -370,13 +370,13 @@ def _training_host(tmp: Path, params: dict) -> Path:
 
 
 def _write_launch_script(params: dict, plan, overrides) -> None:
-    """``params["launch_script"]`` as operations/launch.py renders files/launch-ppo.sh.j2 for
+    """``params["launch_script"]`` as operations/training.py renders files/launch-ppo.sh.j2 for
     ``plan``, with the fake host's paths and these overrides."""
     import shlex
 
     import jinja2
 
-    from operations.launch import TEMPLATE
+    from operations.training import TEMPLATE
 
     q = shlex.quote
     values = plan.template_vars() | {

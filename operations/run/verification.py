@@ -22,7 +22,7 @@ from facts.env import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.survey import ask
 from facts.verify import VerifyProbe
-from operations import artifacts, cudnn, launch, run_lock, training
+from operations import artifacts, cudnn, run_lock, training
 from operations.refuse import host_refusals
 from p40fleet import apex_build, report
 from p40fleet.run_record import run_record
@@ -44,7 +44,7 @@ def probe_targets(spec: StackSpec, target: TrainingTarget) -> ProbeTargets:
         model_path=target.model_path,
         train_file=target.train_file,
         val_file=target.val_file,
-        launch_script=launch.script_path(spec.user.home),
+        launch_script=training.script_path(spec.user.home),
         cuda_dir=spec.paths.cuda_dir,
         cudnn_tree=cudnn.extracted_dir(
             spec.paths.cudnn_extract_dir, artifacts.artifact_path(spec, "cudnn")
