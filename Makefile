@@ -34,7 +34,7 @@ demo: lab-setup
 
 test: lab-setup
 	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
-	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) -m pytest -q -ra --durations=25
+	cd $(ROOT) && PATH="$(VENV)/bin:$$PATH" $(PY) tests/side_by_side.py
 
 lint: lab-setup
 	cd $(ROOT) && $(PY) -m ruff check . && $(PY) -m ruff format --check .
