@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: p40lab is the checkout's, as pytest sees it
 
 
 def pytest_cmd(marker: str, cache: str, extra: list[str]) -> list[str]:
