@@ -36,9 +36,8 @@ def test_every_check_module_has_its_component_test_file():
 
 
 #: Modules directly under ``operations/`` that hold no operation yet and are still to move
-#: (issue #29): the Apex builder election and the survey are the run's glue, the dpkg-lock
-#: wrapper a helper of apt's operations.
-NOT_YET_MOVED = {"apex_fleet", "apt_lock", "survey"}
+#: (issue #29): the Apex builder election and the survey are the run's glue.
+NOT_YET_MOVED = {"apex_fleet", "survey"}
 
 
 def _decorator_name(node: ast.expr) -> str:
