@@ -12,7 +12,7 @@ lost connections (``p40fleet.runtime.sshguard``), the fact memo (``facts.survey`
 files' module entries that keep pyinfra's per-operation stack walk cheap
 (``p40fleet.runtime.deploy_frames``), an SSH transport that wakes once a second while it waits,
 after a reboot's reconnect too (``p40fleet.runtime.ssh_poll``), and one survey per host
-answering the facts of every layer (``operations.survey``).
+answering the facts of every layer (``operations.run.survey``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from operations import proxy
 from operations.artifacts import artifact_path
 from operations.refuse import refuse_host
 from operations.run.spec import validated_spec
-from operations.survey import survey_host
+from operations.run.survey import survey_host
 from p40fleet import preflight
 from p40fleet.proxy import UNCHECKED, shell_prefix
 from p40fleet.runtime import deploy_frames, ssh_poll, sshguard

@@ -4,7 +4,7 @@
 
 Runs after deploy/system.py. Everything under the training user's home runs as that user
 (``_su_user``). A second run reports no changes; changing the verl ref re-runs only the verl
-steps; Apex is compiled on one host per build key (``operations/apex_fleet.py`` elects it) and
+steps; Apex is compiled on one host per build key (``operations/run/apex_fleet.py`` elects it) and
 installed from that wheel everywhere. A host this layer cannot serve (its GPUs, a verl ref
 without rules for them, a conda, torch or verl lock that cannot install) is refused by the
 preflight before any step; each step below computes what only it needs.
@@ -20,7 +20,8 @@ from facts.env import env_dir, env_python
 from facts.gpu import PciGpus
 from facts.host import Cpus, MemTotal
 from facts.survey import ask
-from operations import apex, apex_fleet, artifacts, conda, torch, training_user, verl
+from operations import apex, artifacts, conda, torch, training_user, verl
+from operations.run import apex_fleet
 from operations.run.spec import validated_spec
 from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.privdrop import STAGE_DIR

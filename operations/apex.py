@@ -1,7 +1,7 @@
 """Apex: built once per fleet and build key, then installed from the wheel on every host.
 
 The build key and its arithmetic are ``p40fleet/apex_build.py``. Per key and pyinfra run,
-exactly one host builds (``operations/apex_fleet.builder``: the first host of the inventory
+exactly one host builds (``operations/run/apex_fleet.builder``: the first host of the inventory
 that needs that key):
 
     builder:  build_wheel -> fetch_wheel (files.get of root's copy to the controller cache)
@@ -526,7 +526,7 @@ def install(
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:
-    """What :func:`needed` and :func:`install` ask on a converged host (``operations.survey``;
+    """What :func:`needed` and :func:`install` ask on a converged host (``operations.run.survey``;
     a converged host builds nothing)."""
     env, by_user = spec.env, {"user": spec.user.name}
     the_env = conda_env_dir(env.conda_prefix, env.name)

@@ -29,7 +29,7 @@ from facts.apt_source import (
     aside_origin,
 )
 from facts.survey import Part, ask, part
-from operations import apt_lock
+from operations.util import apt_lock
 from p40fleet import controller
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec

@@ -488,5 +488,5 @@ def artifact(item: str, spec: StackSpec):
 
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts :func:`artifact` asks on a converged host, for every artifact of the spec
-    (``operations.survey``); :func:`push` asks the same one."""
+    (``operations.run.survey``); :func:`push` asks the same one."""
     return [part(ArtifactState, path=artifact_path(spec, item)) for item in ARTIFACTS]

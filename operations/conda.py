@@ -343,7 +343,7 @@ def env(
 
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts this module asks on a converged host (its operations and :func:`env_fresh`,
-    as the training user: ``operations.survey``)."""
+    as the training user: ``operations.run.survey``)."""
     env, by_user = spec.env, {"user": spec.user.name}
     prefix = env.conda_prefix
     return [

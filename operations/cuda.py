@@ -203,7 +203,7 @@ def verify(cuda_dir: str, version: str):
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:
-    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    """The facts this module's operations ask on a converged host (``operations.run.survey``)."""
     paths = spec.paths
     return [
         part(CudaToolkit, cuda_dir=paths.cuda_dir),  # toolkit

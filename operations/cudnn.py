@@ -201,7 +201,7 @@ def verify(cuda_dir: str, version: str):
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:
-    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    """The facts this module's operations ask on a converged host (``operations.run.survey``)."""
     paths = spec.paths
     tree = extracted_dir(paths.cudnn_extract_dir, artifact_path(spec, "cudnn"))
     return [

@@ -16,8 +16,9 @@ from facts.gpu import PciGpus
 from facts.host import KernelHeaders
 from facts.packages import DebInstalled
 from facts.survey import Part, ask, part
-from operations import apt_lock, run_lock
+from operations import run_lock
 from operations.refuse import refuse
+from operations.util import apt_lock
 from p40fleet.footprint import BUILD_PACKAGES  # one list: the deploy, the footprint, the mirror
 from p40fleet.profile import driver_branch, driver_supports
 from p40fleet.spec import Proxy, StackSpec
@@ -194,7 +195,7 @@ def verify(version: str):
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:  # noqa: ARG001 - the same for every spec
-    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    """The facts this module's operations ask on a converged host (``operations.run.survey``)."""
     return [
         part(PciGpus),  # supported_gpus
         part(KernelHeaders),  # build_prereqs

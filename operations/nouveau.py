@@ -113,5 +113,5 @@ def unloaded(
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:  # noqa: ARG001 - the same for every spec
-    """The facts this module's operations ask on a converged host (``operations.survey``)."""
+    """The facts this module's operations ask on a converged host (``operations.run.survey``)."""
     return [part(FileStampFact, path=BLACKLIST_FILE), part(InitramfsMtime), part(NouveauLoaded)]

@@ -69,7 +69,7 @@ def root_secret(directory: str, path: str, text: str):
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:
-    """The facts :func:`credentials` asks on a converged host (``operations.survey``)."""
+    """The facts :func:`credentials` asks on a converged host (``operations.run.survey``)."""
     parts = [part(File, path=PROXY_FILE)]
     if spec.proxy is not None and spec.proxy.has_secret:
         parts.append(part(Sha1File, path=PROXY_FILE))  # root_secret's same_file

@@ -219,5 +219,5 @@ def _register_release() -> None:
 
 def survey_parts(spec: StackSpec, path: str | None = None) -> list[Part]:  # noqa: ARG001
     """What :func:`hold` and :func:`take` ask: the lock at ``path``, a host's own (its data,
-    :func:`lock_path`); none without one (``operations.survey``)."""
+    :func:`lock_path`); none without one (``operations.run.survey``)."""
     return [part(RunLock, path=path)] if path else []

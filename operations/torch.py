@@ -120,6 +120,6 @@ def torch(
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:
-    """What :func:`torch` asks on a converged host (``operations.survey``)."""
+    """What :func:`torch` asks on a converged host (``operations.run.survey``)."""
     python = env_python(spec.env.conda_prefix, spec.env.name)
     return [part(EnvDistributions, python=python, user=spec.user.name)]

@@ -374,7 +374,7 @@ def write_launch_script(
 
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts this module asks on a converged host: :func:`stage`, :func:`needs_staging`,
-    :func:`host_plan` and :func:`launch_script` (``operations.survey``)."""
+    :func:`host_plan` and :func:`launch_script` (``operations.run.survey``)."""
     user = spec.user
     by_user = {"user": user.name}
     model = staged_dir(spec, "model")

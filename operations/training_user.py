@@ -191,7 +191,7 @@ def queued_hosts(state) -> set[str]:
 
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts this module's operations ask on a converged host, for the user and the
-    dirs deploy/python.py makes (``operations.survey``)."""
+    dirs deploy/python.py makes (``operations.run.survey``)."""
     user, env = spec.user, spec.env
     return [
         part(Users),  # training_user

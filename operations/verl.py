@@ -336,7 +336,7 @@ def install(
 def survey_parts(spec: StackSpec) -> list[Part]:
     """The facts this module asks on a converged host, with deploy/python.py's paths, for every
     GPU profile's rule set (the host's GPUs are not known before the survey answers;
-    ``operations.survey``)."""
+    ``operations.run.survey``)."""
     user, env = spec.user, spec.env
     by_user = {"user": user.name}
     python = env_python(env.conda_prefix, env.name)

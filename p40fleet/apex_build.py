@@ -3,8 +3,9 @@
 A build key names everything the compiled wheel depends on: apex commit, torch pin, CUDA
 toolkit (or ``none`` without CUDA extensions), the GPU arches present (TORCH_CUDA_ARCH_LIST),
 the env's python minor (cp tag) and the extension set. Per key and run, one host builds
-(:func:`first_builder`); ``operations/apex.py`` holds the operations, ``operations/apex_fleet.py``
-asks the inventory's hosts for the rule's inputs. No pyinfra here.
+(:func:`first_builder`); ``operations/apex.py`` holds the operations,
+``operations/run/apex_fleet.py`` asks the inventory's hosts for the rule's inputs. No pyinfra
+here.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 pyinfra runs each operation on every host before the next one starts, unless ``--no-wait``
 (every host then runs all its operations at its own pace, pyinfra's ``run_ops(no_wait=True)``).
 The Apex wheel is built on one host and fetched by the others at the next operation
-(``operations/apex_fleet.py``): under ``--no-wait`` a host would look for the wheel before its
+(``operations/run/apex_fleet.py``): under ``--no-wait`` a host would look for the wheel before its
 builder made it. ``--serial`` (host by host, in inventory order: the builder first) and
 ``--parallel N`` (batches, still waiting at each operation) keep that order. pyinfra 3's
 ``--no-wait`` also exits 0 after a failed operation (the failing greenlet's error is not

@@ -64,7 +64,7 @@ class RunRecord:
     lock_release_registered: bool = False
 
     #: The host that builds each apex key in this run, None when none does
-    #: (``operations.apex_fleet``).
+    #: (``operations.run.apex_fleet``).
     apex_builders: dict[str, str | None] = field(default_factory=dict)
 
     #: The shared cache's build lock of each key this run builds, by the lock's path, held

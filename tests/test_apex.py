@@ -1,5 +1,5 @@
 """Apex: the build key arithmetic (p40fleet/apex_build.py) and the builder election
-(operations/apex_fleet.py) on hosts that answer facts from a table, without a pyinfra run.
+(operations/run/apex_fleet.py) on hosts that answer facts from a table, without a pyinfra run.
 
 The operations themselves (build, fetch, put, install): facts in, commands out (tests/opharness.py),
 at the end of this file.
@@ -19,7 +19,8 @@ from pyinfra.facts.files import Directory, File
 
 from facts.env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from facts.gpu import PciGpu, PciGpus
-from operations import apex, apex_fleet, conda
+from operations import apex, conda
+from operations.run import apex_fleet
 from p40fleet import apex_build, preflight
 from p40fleet.gpu_catalog import lookup
 from p40fleet.privdrop import STAGE_DIR

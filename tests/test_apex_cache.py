@@ -22,7 +22,8 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.facts.files import Directory, File
 
-from operations import apex, apex_fleet
+from operations import apex
+from operations.run import apex_fleet
 from p40fleet import apex_build, apex_cache, controller
 from tests.opharness import run_op
 

@@ -1,4 +1,4 @@
-"""operations.apt_lock: apt steps wait for the dpkg lock (bounded), say who holds it, then fail
+"""operations.util.apt_lock: apt steps wait for the dpkg lock (bounded), say who holds it, then fail
 naming host, step, holder and fix. The waiting script runs for real here, against a process
 holding an fcntl lock (as apt and unattended-upgrade take it) on stand-in lock files."""
 
@@ -19,7 +19,8 @@ from pyinfra.facts.deb import DebPackages
 from facts.apt_source import AptSources, AptSourceState
 from facts.host import KernelHeaders, KernelInfo
 from facts.packages import DebInstalled
-from operations import apt_lock, apt_source, driver
+from operations import apt_source, driver
+from operations.util import apt_lock
 from tests.opharness import at, run_op
 
 REPO = Path(__file__).resolve().parent.parent
@@ -254,7 +255,7 @@ def test_apt_source_update_waits_for_the_lock_and_keeps_its_own_remedy():
 
 
 def test_no_apt_command_in_operations_bypasses_the_lock_wait():
-    """pyinfra's apt operations and apt-get command lines only through operations.apt_lock."""
+    """pyinfra's apt operations and apt-get command lines only through operations.util.apt_lock."""
     for path in sorted((REPO / "operations").rglob("*.py")):  # util/, run/ too
         if path.name == "apt_lock.py":
             continue

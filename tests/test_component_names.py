@@ -35,12 +35,6 @@ def test_every_check_module_has_its_component_test_file():
     assert missing == [], f"checks/<name>.py with no tests/test_<name>.py: {missing}"
 
 
-#: Modules directly under ``operations/`` that hold no operation yet and are still to move
-#: (issue #29): the Apex builder election and the survey are the run's glue, the dpkg-lock
-#: wrapper a helper of apt's operations.
-NOT_YET_MOVED = {"apex_fleet", "apt_lock", "survey"}
-
-
 def _decorator_name(node: ast.expr) -> str:
     """``operation`` for ``@operation``, ``@operation()`` and ``@api.operation(...)``."""
     if isinstance(node, ast.Call):
@@ -69,16 +63,8 @@ def _without_operations() -> list[str]:
 def test_every_module_directly_under_operations_holds_an_operation():
     """A module with no ``@operation`` belongs in ``operations/util/`` (helpers) or
     ``operations/run/`` (the run's glue): ``operations/<component>.py`` names a component."""
-    stray = [m for m in _without_operations() if m not in NOT_YET_MOVED]
+    stray = _without_operations()
     assert stray == [], (
         f"operations/<name>.py with no @operation: {stray}; move each to operations/util/ "
         "(a helper of operations) or operations/run/ (the run's glue)"
-    )
-
-
-def test_the_not_yet_moved_modules_still_hold_no_operation():
-    still = set(_without_operations())
-    assert NOT_YET_MOVED <= still, (
-        f"{sorted(NOT_YET_MOVED - still)} moved or hold an operation now: drop them from "
-        "NOT_YET_MOVED"
     )

@@ -391,7 +391,7 @@ def test_the_survey_reads_no_file_under_the_home_as_root():
     ``File``/``Sha1File`` (which follow a planted link and hang on a FIFO)."""
     from pyinfra.facts.files import Sha1File
 
-    from operations.survey import layer_parts
+    from operations.run.survey import layer_parts
 
     parts = layer_parts(SPEC)
     for cls, kwargs in parts:

@@ -20,7 +20,8 @@ from pyinfra.context import ctx_host, ctx_state
 
 import operations.run.spec as run_spec
 from facts.gpu import PciGpu, PciGpus
-from operations import apex, apex_fleet, artifacts, conda, refuse, torch, training_user, verl
+from operations import apex, artifacts, conda, refuse, torch, training_user, verl
+from operations.run import apex_fleet
 from p40fleet import preflight
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec

@@ -1,6 +1,6 @@
 """Every fact an operation asks on a converged host is declared by its own module.
 
-``operations/survey.py`` answers a no-op run's facts in one command per host from what each
+``operations/run/survey.py`` answers a no-op run's facts in one command per host from what each
 operations module declares beside its asks (``survey_parts(spec)``). A fact an operation asks
 that its module does not declare is still answered right, only by a command of its own: one
 more command per host on every no-op run, which nothing else notices short of a lab run. Here
@@ -65,12 +65,12 @@ from operations import (
     nouveau,
     proxy,
     run_lock,
-    survey,
     torch,
     training,
     training_user,
     verl,
 )
+from operations.run import survey
 from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.gpu_catalog import lookup
 from p40fleet.privdrop import STAGE_DIR
@@ -450,7 +450,7 @@ def test_every_operation_is_run_or_named_outside_the_survey():
 
 
 def test_every_module_that_declares_parts_is_in_the_survey():
-    """survey_parts of a module left out of operations.survey.MODULES would be asked by no
+    """survey_parts of a module left out of operations.run.survey.MODULES would be asked by no
     survey; every module of MODULES declares them, and the survey is their concatenation."""
     declaring = set()
     for path in sorted((REPO / "operations").glob("*.py")):

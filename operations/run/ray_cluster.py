@@ -33,7 +33,7 @@ from facts.gpu import PciGpus
 from facts.ray import RayStatus
 from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets
 from facts.survey import ask
-from operations.survey import survey_host
+from operations.run.survey import survey_host
 from operations.training import script_path as launch_script_path
 from p40fleet.launch import ClusterShape, LaunchError, cluster_shape
 from p40fleet.ray import (

@@ -26,7 +26,7 @@ from facts.gpu import PciGpus
 from facts.survey import ask
 from operations import apex, conda
 from operations.refuse import dry_run
-from operations.survey import survey_host
+from operations.run.survey import survey_host
 from p40fleet import apex_build, apex_cache, preflight
 from p40fleet.run_record import run_record
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
