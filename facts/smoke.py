@@ -48,12 +48,10 @@ __all__ = [
 SETUP_S = 600
 
 
-def render_smoke(targets: SmokeTargets) -> str:
-    """The whole command: root tests whether the host is simulated (only on a host the
-    inventory marks so: elsewhere the lab's marker is ignored), the training user runs the job
-    (never root: the launch script, the env and the checkout are the user's)."""
-    if not targets.user:
-        raise ValueError("no training user given: the smoke step never runs as root")
+def _as_user(targets: SmokeTargets | ClusterSmokeTargets, job: str, stdin: str, pre: str) -> str:
+    """Both steps' command: root tests whether the host is simulated (only on a host the
+    inventory marks so: elsewhere the lab's marker is ignored) and runs ``pre``, the training
+    user runs ``job`` with ``stdin``; a missing user reads as an absent launch script."""
     u = shlex.quote(targets.user)
     sim = (
         f"if {SIMULATED_HOST_TEST}; then p40fleet_sim=yes; else p40fleet_sim=no; fi"
@@ -63,74 +61,69 @@ def render_smoke(targets: SmokeTargets) -> str:
     return (
         f"{AS_USER_FN}\n"
         f"{sim}\n"
+        f"{pre}"
         f"if id -u {u} >/dev/null 2>&1; then "
         f"p40fleet_ask {int(targets.timeout_s) + SETUP_S} {u} "
-        f'sh -c {shlex.quote(render_job(targets))} sh "$p40fleet_sim" </dev/null; '
+        f'sh -c {shlex.quote(job)} sh "$p40fleet_sim" <{stdin}; '
         f"else echo '@@p40fleet-smoke 1'; echo 'launch=absent'; echo '@@end'; fi; true"
     )
+
+
+def render_smoke(targets: SmokeTargets) -> str:
+    """The whole command: the training user runs the job (never root: the launch script, the
+    env and the checkout are the user's) with nothing on its stdin."""
+    if not targets.user:
+        raise ValueError("no training user given: the smoke step never runs as root")
+    return _as_user(targets, render_job(targets), "/dev/null", "")
 
 
 def render_cluster_smoke(targets: ClusterSmokeTargets) -> str:
-    """The Ray head's command: root tests whether the head is simulated (only where the
-    inventory says so) and opens its cluster token file for the user's stdin (root:root 0600,
-    never a link); the training user runs the job."""
+    """The Ray head's command: root opens its cluster token file for the user's stdin
+    (root:root 0600, never a link); the training user runs the job."""
     if not targets.user:
         raise ValueError("no training user given: the cluster smoke step never runs as root")
-    u, token = shlex.quote(targets.user), shlex.quote(TOKEN_FILE)
-    sim = (
-        f"if {SIMULATED_HOST_TEST}; then p40fleet_sim=yes; else p40fleet_sim=no; fi"
-        if targets.simulated
-        else "p40fleet_sim=no"
-    )
-    return (
-        f"{AS_USER_FN}\n"
-        f"{sim}\n"
+    token = shlex.quote(TOKEN_FILE)
+    pre = (
         f"if [ -f {token} ] && [ ! -L {token} ]; then p40fleet_tk={token}; "
         "else p40fleet_tk=/dev/null; fi\n"
-        f"if id -u {u} >/dev/null 2>&1; then "
-        f"p40fleet_ask {int(targets.timeout_s) + SETUP_S} {u} "
-        f'sh -c {shlex.quote(render_cluster_job(targets))} sh "$p40fleet_sim" <"$p40fleet_tk"; '
-        f"else echo '@@p40fleet-smoke 1'; echo 'launch=absent'; echo '@@end'; fi; true"
     )
+    return _as_user(targets, render_cluster_job(targets), '"$p40fleet_tk"', pre)
 
 
-class SmokeStep(FactBase[smoke.SmokeRun]):
-    """
-    Returns what one PPO smoke step through the host's ~/launch-ppo.sh said (``SmokeRun``).
-    Runs minutes; never fails the host.
-    """
+class _SmokeFact(FactBase[smoke.SmokeRun]):
+    """What both steps share: the answer is ``SmokeRun``, read by one parser."""
+
+    abstract = True  # pyinfra's mark for a base that is never asked itself
 
     @staticmethod
     @override
     def default() -> smoke.SmokeRun:
         return smoke.SmokeRun()
-
-    @override
-    def command(self, targets: SmokeTargets) -> str:
-        return one_write(render_smoke(SmokeTargets(*targets))).get_raw_value()
 
     @override
     def process(self, output: list[str]) -> smoke.SmokeRun:
         return smoke.parse_smoke(output)
 
 
-class ClusterSmokeStep(FactBase[smoke.SmokeRun]):
+class SmokeStep(_SmokeFact):
+    """
+    Returns what one PPO smoke step through the host's ~/launch-ppo.sh said (``SmokeRun``).
+    Runs minutes; never fails the host.
+    """
+
+    @override
+    def command(self, targets: SmokeTargets) -> str:
+        return one_write(render_smoke(SmokeTargets(*targets))).get_raw_value()
+
+
+class ClusterSmokeStep(_SmokeFact):
     """
     Returns what one PPO step over the Ray cluster's plan, run on the head, said
     (``SmokeRun``). Runs minutes; never fails the host.
     """
-
-    @staticmethod
-    @override
-    def default() -> smoke.SmokeRun:
-        return smoke.SmokeRun()
 
     @override
     def command(self, targets: ClusterSmokeTargets) -> str:
         t = ClusterSmokeTargets(*targets)
         t = t._replace(members=tuple(tuple(m) for m in t.members))
         return one_write(render_cluster_smoke(t)).get_raw_value()
-
-    @override
-    def process(self, output: list[str]) -> smoke.SmokeRun:
-        return smoke.parse_smoke(output)

@@ -43,7 +43,9 @@ def _project_facts() -> list[type[FactBase]]:
     found = {}
     for name in FACT_MODULES:
         for obj in vars(importlib.import_module(name)).values():
-            if isinstance(obj, type) and issubclass(obj, FactBase) and obj.__module__ == name:
+            if not (isinstance(obj, type) and issubclass(obj, FactBase)):
+                continue
+            if obj.__module__ == name and not vars(obj).get("abstract"):  # a base is not asked
                 found[obj.__name__] = obj
     found.pop("Survey", None)  # facts.survey: runs the other facts' commands, checked here each
     return sorted(found.values(), key=lambda c: c.__name__)
