@@ -371,10 +371,7 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
                 fg="red",
             )
             return False
-        with open(f"{local_tar}.sha256.tmp", "w") as handle:
-            handle.write(f"{got}  {WHEEL_TAR}\n")
-        apex_cache.publish(part, local_tar)
-        apex_cache.publish(f"{local_tar}.sha256.tmp", f"{local_tar}.sha256")
+        apex_cache.record(part, local_tar, got)
         os.unlink(part_sum)
         return True
 

@@ -15,8 +15,9 @@ link count). The holder refreshes the lock's mtime every :data:`HEARTBEAT_S` whi
 Stale means: the holder is this controller (same ``controller_id``: ids are per machine) and its
 process is gone (pid and start time), or the lock's mtime is older than :data:`STALE_S` by the
 shared directory's own clock (a freshly written file's mtime: controllers' clocks may differ).
-A stale lock is moved to a name derived from its content, so of two controllers taking it over
-one wins, and the winner names the old holder.
+A stale lock is taken over in one path: claim it (an exclusive link named by its content), remove
+it if it is still that file, try the exclusive link again; of any number of takers at most one
+holds it then, and the one that removed it names the old holder.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ WAIT_S = 2 * 3600.0
 #: How often the waiter looks, and how often it says who it waits for.
 POLL_S = 2.0
 PROGRESS_S = 60.0
+#: How often a taker tries again while another taker's claim is on a stale lock, and how long.
+_RETRY_S, _TRIES = 0.05, 20
 _FIELDS = ("controller", "controller_id", "pid", "pid_start", "since", "key")
 
 
@@ -102,10 +105,8 @@ class LockHolder:
         )
 
     def same_process(self, other: LockHolder) -> bool:
-        return (self.controller_id, self.pid, self.pid_start) == (
-            other.controller_id,
-            other.pid,
-            other.pid_start,
+        return all(
+            getattr(self, n) == getattr(other, n) for n in ("controller_id", "pid", "pid_start")
         )
 
     def gone_here(self) -> bool:
@@ -115,18 +116,20 @@ class LockHolder:
         return _pid_start(self.pid) != self.pid_start or not self.pid_start
 
 
-def _parse(text: str) -> LockHolder | None:
+def _holder(text: str, key: str) -> LockHolder:
+    """The holder a lock's text names (an unreadable lock is a stale one of nobody's)."""
     values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
     try:
         return LockHolder(**{n: values[n] for n in _FIELDS if n != "pid"}, pid=int(values["pid"]))
     except (KeyError, ValueError):
-        return None
+        return LockHolder("?", "", 0, "", "?", key)
 
 
-def _read(path: str) -> str | None:
+def _snapshot(path: str) -> tuple[str, os.stat_result] | None:
+    """A file's text and stat, of one open file: the stat is that text's file's."""
     try:
         with open(path) as handle:
-            return handle.read()
+            return handle.read(), os.fstat(handle.fileno())
     except FileNotFoundError:
         return None
 
@@ -140,6 +143,10 @@ def _fs_now(directory: str) -> float:
         return os.stat(probe).st_mtime
     finally:
         os.unlink(probe)
+
+
+def _lock_path(local_tar: str) -> str:
+    return os.path.join(os.path.dirname(local_tar), LOCK_FILE)
 
 
 @dataclass(frozen=True)
@@ -162,30 +169,27 @@ class BuildLock:
         self.stale_s, self.heartbeat_s = stale_s, heartbeat_s
         self.me = LockHolder.me(key)
         self._stop = threading.Event()
-        self._beat: threading.Thread | None = None
 
     @classmethod
     def beside(cls, local_tar: str, **bounds: float) -> BuildLock:
         """The lock of the cache entry holding ``local_tar`` (its directory is the key)."""
-        directory = os.path.dirname(local_tar)
-        return cls(os.path.join(directory, LOCK_FILE), os.path.basename(directory), **bounds)
+        return cls(_lock_path(local_tar), os.path.basename(os.path.dirname(local_tar)), **bounds)
 
     def holder(self) -> LockHolder | None:
-        """The lock's holder now; None when free (an unreadable lock counts as a stale one
-        of nobody's)."""
-        text = _read(self.path)
-        if text is None:
-            return None
-        return _parse(text) or LockHolder("?", "", 0, "", "?", self.key)
+        """The lock's holder now; None when free."""
+        seen = _snapshot(self.path)
+        return _holder(seen[0], self.key) if seen else None
 
-    def stale_why(self, holder: LockHolder) -> str | None:
-        """Why ``holder``'s lock is stale, or None while it is live."""
+    def stale_why(self, holder: LockHolder, mtime: float | None = None) -> str | None:
+        """Why ``holder``'s lock (last refreshed at ``mtime``: the lock's now when not given) is
+        stale, or None while it is live."""
         if holder.gone_here():
             return f"its process {holder.pid} no longer runs on this controller"
         try:
-            age = _fs_now(os.path.dirname(self.path)) - os.stat(self.path).st_mtime
+            mtime = os.stat(self.path).st_mtime if mtime is None else mtime
         except FileNotFoundError:
             return None
+        age = _fs_now(os.path.dirname(self.path)) - mtime
         if age > self.stale_s:
             return (
                 f"not refreshed for {age:.0f} s by the cache dir's clock (stale after "
@@ -194,36 +198,59 @@ class BuildLock:
         return None
 
     def acquire(self) -> Acquired:
-        """Take the lock, or say who holds it; a stale lock is taken over."""
-        directory = os.path.dirname(self.path)
-        os.makedirs(directory, exist_ok=True)
+        """Take the lock, or say who holds it; a stale lock is removed (:meth:`_remove_stale`)
+        and the exclusive link tried again."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         took_over = ""
-        for _attempt in range(3):
-            if self._link():
+        for _attempt in range(_TRIES):
+            if self._link(self.path):
                 self._start_heartbeat()
                 return Acquired("taken", None, took_over)
-            text = _read(self.path)
-            if text is None:
+            seen = _snapshot(self.path)
+            if seen is None:
                 continue  # released meanwhile
-            holder = _parse(text) or LockHolder("?", "", 0, "", "?", self.key)
+            holder = _holder(seen[0], self.key)
             if holder.same_process(self.me):
                 return Acquired("taken")
-            why = self.stale_why(holder)
+            why = self.stale_why(holder, seen[1].st_mtime)
             if why is None:
                 return Acquired("held", holder)
-            if self._move_aside(text):
+            if self._remove_stale(self.path, seen):
                 took_over = f"took over the stale build lock of {holder.describe()}: {why}"
-        holder = self.holder()
-        return Acquired("held", holder) if holder else Acquired("held")
+            else:
+                time.sleep(_RETRY_S)  # another taker's claim: it is done within milliseconds
+        return Acquired("held", self.holder())
 
-    def _link(self) -> bool:
-        tmp = f"{self.path}.{self.me.controller_id[:8]}.{self.me.pid}.tmp"
+    def _remove_stale(self, name: str, seen: tuple[str, os.stat_result]) -> bool:
+        """Remove the stale file ``name`` while it is still the one ``seen``; of any number of
+        takers at most one does. Each first claims it by an exclusive link whose name comes
+        from its text (renaming the name aside would move whatever file is there by then, a
+        lock taken meanwhile included). A claim whose taker died is stale as a lock is, and
+        removed the same way."""
+        claim = f"{name}.takeover-{hashlib.sha256(seen[0].encode()).hexdigest()[:16]}"
+        if not self._link(claim):
+            other = _snapshot(claim)
+            if other and self.stale_why(_holder(other[0], self.key), other[1].st_mtime):
+                self._remove_stale(claim, other)
+            return False
+        try:
+            now = _snapshot(name)
+            if now is None or (now[0], now[1].st_ino) != (seen[0], seen[1].st_ino):
+                return False  # another taker removed it first
+            os.unlink(name)  # till here only its own (stale) holder could have changed it
+            return True
+        finally:
+            os.unlink(claim)
+
+    def _link(self, name: str) -> bool:
+        """Create ``name`` exclusively, holding this process's lines."""
+        tmp = f"{name}.{self.me.controller_id[:8]}.{self.me.pid}.tmp"
         with open(tmp, "w") as handle:
             handle.write(self.me.text())
             handle.flush()
             os.fsync(handle.fileno())
         try:
-            os.link(tmp, self.path)
+            os.link(tmp, name)
             return True
         except FileExistsError:
             return False
@@ -232,30 +259,13 @@ class BuildLock:
         finally:
             os.unlink(tmp)
 
-    def _move_aside(self, text: str) -> bool:
-        """Move the stale lock whose content is ``text`` away; one of two racers wins."""
-        aside = f"{self.path}.stale-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False
-        if _read(aside) != text:  # a new holder's lock, taken in between: give it back
-            try:
-                os.link(aside, self.path)
-            except FileExistsError:
-                pass
-            os.unlink(aside)
-            return False
-        os.unlink(aside)
-        return True
-
     def held_by_me(self) -> bool:
-        return _read(self.path) == self.me.text()
+        seen = _snapshot(self.path)
+        return seen is not None and seen[0] == self.me.text()
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
-        self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="apex-lock")
-        self._beat.start()
+        threading.Thread(target=self._heartbeat, daemon=True, name="apex-lock").start()
         atexit.register(self.release)
 
     def _heartbeat(self) -> None:
@@ -282,9 +292,7 @@ def hold(run: object, lock: BuildLock) -> None:
 
 def release_for(run: object, local_tar: str) -> None:
     """Release this run's lock of ``local_tar``'s cache entry (stored, or not: either way)."""
-    lock = run_record(run).apex_build_locks.pop(
-        os.path.join(os.path.dirname(local_tar), LOCK_FILE), None
-    )
+    lock = run_record(run).apex_build_locks.pop(_lock_path(local_tar), None)
     if lock is not None:
         lock.release()
 
@@ -300,14 +308,11 @@ def await_other(
     """None when no other live process holds the build lock of ``local_tar``'s entry; else
     :func:`wait_for_wheel`'s answer. One waiter per entry logs; the run's other hosts wait
     for it and then look again."""
-    path = os.path.join(os.path.dirname(local_tar), LOCK_FILE)
-    if not os.path.exists(path):
-        return None
     lock = BuildLock.beside(local_tar, stale_s=stale_s)
     holder = lock.holder()
     if holder is None or holder.same_process(lock.me):
         return None
-    with _WAITERS.setdefault(path, threading.Lock()):
+    with _WAITERS.setdefault(lock.path, threading.Lock()):
         return wait_for_wheel(lock, local_tar, log, wait_s, poll_s, progress_s)
 
 
@@ -395,11 +400,11 @@ def obtain(
         lock.release()
 
 
-def record(part: str, local_tar: str) -> str:
-    """Publish the complete tar ``part`` as ``local_tar``, then its sum beside it (as
-    ``operations.apex.fetch_wheel`` does): a reader that sees the tar before its sum finds them
+def record(part: str, local_tar: str, digest: str | None = None) -> str:
+    """Publish the complete tar ``part`` (of sha256 ``digest``: computed when not given) as
+    ``local_tar``, then its sum beside it: a reader that sees the tar before its sum finds them
     not matching and waits or builds, never takes a tar unchecked."""
-    digest = apex_build.sha256_of(part)
+    digest = digest or apex_build.sha256_of(part)
     tmp = f"{local_tar}.sha256.tmp"
     with open(tmp, "w") as handle:
         handle.write(f"{digest}  {apex_build.WHEEL_TAR}\n")

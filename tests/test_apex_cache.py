@@ -245,3 +245,79 @@ def test_a_dry_run_takes_no_lock_but_sees_one_held(cache, monkeypatch):
     assert not os.path.exists(apex_cache.BuildLock.beside(tar).path)  # it builds nothing
     _other_controller_holds(tar)
     assert apex_fleet.builder(_fleet(FakeHost("lab1", [gpu(P40)])), P40_KEY) is None
+
+
+def test_of_three_controllers_racing_for_one_stale_lock_one_believes_it_holds_it(
+    monkeypatch, tmp_path
+):
+    """B judges the stale lock, then A takes it over first; a newcomer C links the moment the
+    name is free while B acts: exactly one of them may end up holding it."""
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path))
+    tar = apex_build.controller_wheel(KEY)
+    locks = {}
+    for name in "abc":
+        lock = apex_cache.BuildLock.beside(tar)
+        lock.me = replace(lock.me, controller=f"ctl-{name}", controller_id=name * 32)
+        locks[name] = lock
+    a, b, c = locks.values()
+    path = Path(b.path)
+    _lock(path)
+    old = time.time() - 660
+    os.utime(path, (old, old))
+    got: dict[str, apex_cache.Acquired] = {}
+    judge, busy = b.stale_why, threading.local()
+
+    def b_judged_then_a_took_over(*args):
+        why = judge(*args)
+        if "a" not in got:
+            got["a"] = a.acquire()
+        return why
+
+    def newcomer_when_free(primitive):
+        def wrapped(*args, **kwargs):
+            try:
+                return primitive(*args, **kwargs)
+            finally:
+                if not busy.__dict__ and "c" not in got and "a" in got and not path.exists():
+                    busy.on = True
+                    got["c"] = c.acquire()
+                    del busy.on
+
+        return wrapped
+
+    monkeypatch.setattr(b, "stale_why", b_judged_then_a_took_over)
+    for name in ("link", "rename", "replace", "unlink"):
+        monkeypatch.setattr(os, name, newcomer_when_free(getattr(os, name)))
+    got["b"] = b.acquire()
+    monkeypatch.undo()
+    taken = [n for n, g in got.items() if g.kind == "taken"]
+    assert len(taken) == 1 and locks[taken[0]].held_by_me(), (got, path.read_text())
+    assert "took over the stale build lock of controller ctl-old" in got[taken[0]].message
+    for lock in locks.values():
+        lock.release()
+    assert not path.exists() and os.listdir(path.parent) == [], os.listdir(path.parent)
+
+
+def test_a_takers_claim_on_a_stale_lock_is_respected_while_it_lives(monkeypatch, tmp_path):
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path))
+    tar = apex_build.controller_wheel(KEY)
+    path = Path(apex_cache.BuildLock.beside(tar).path)
+    _lock(path)
+    old = time.time() - 660
+    os.utime(path, (old, old))
+    digest = apex_cache.hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    claim = Path(f"{path}.takeover-{digest}")
+    # another controller's taker, claiming it just now: the lock is left to it
+    _lock(claim, controller="ctl-b", controller_id="b" * 32)
+    got = apex_cache.BuildLock.beside(tar).acquire()
+    assert got.kind == "held" and got.holder.controller == "ctl-old" and path.exists(), got
+    # a taker of this controller killed between its claim and the removal: taken over
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    _lock(claim, controller_id=controller.controller_id(), pid=dead.pid, pid_start="123")
+    lock = apex_cache.BuildLock.beside(tar)
+    got = lock.acquire()
+    assert got.kind == "taken" and lock.held_by_me(), got
+    assert "took over the stale build lock of controller ctl-old" in got.message
+    lock.release()
+    assert os.listdir(path.parent) == [], os.listdir(path.parent)
