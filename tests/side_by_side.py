@@ -4,13 +4,15 @@ The lab tests (``-m lab``) are most of the wall time and wait on the lab's hosts
 the unit tests (``-m "not lab"``) run in a second process meanwhile instead of after them. The
 lab session prints as it goes; the unit session's output is kept in a log and printed whole
 when it ends, so the two never interleave. The lab's base image is built (or found current)
-first: some unit tests read it. Exit status: 0 only when both sessions pass.
+first: some unit tests read it. The unit session runs as lab instance ``unit``, never the lab
+session's ``test``. Exit status: 0 only when both sessions pass.
 
     python tests/side_by_side.py [PYTEST_ARGS...]   # extra args go to both sessions
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,6 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The unit session's own lab instance (tests/conftest.py): a unit test that writes a lab's
+#: state (paths, stack overrides) never writes the one the lab session's hosts are reading.
+UNIT_INSTANCE = "unit"
 sys.path.insert(0, str(ROOT))  # run as a script: p40lab is the checkout's, as pytest sees it
 
 
@@ -34,7 +39,8 @@ def main(extra: list[str]) -> int:
     t0 = time.monotonic()
     with tempfile.NamedTemporaryFile("w+", prefix="p40fleet-unit-tests.", suffix=".log") as log:
         unit = subprocess.Popen(
-            pytest_cmd("not lab", "unit", extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            pytest_cmd("not lab", "unit", extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "P40LAB_TEST_INSTANCE": UNIT_INSTANCE},
         )
         done: list[float] = []
         waiter = threading.Thread(target=lambda: (unit.wait(), done.append(time.monotonic())))

@@ -123,6 +123,10 @@ def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
     calls = []
     real_build = mirror.build
     monkeypatch.setattr(mirror, "build", lambda *a, **kw: calls.append(1) or real_build(*a, **kw))
+    # the stand-in's stack goes here, never into a lab instance's state (a running lab's hosts
+    # would read its torch 2.6.0: make test runs the lab tests beside this one)
+    published = []
+    monkeypatch.setattr(mirror._lab, "set_stack_overrides", lambda s, **kw: published.append(s))
     # the lab instance's own URL: the calls below without a state fall back to it
     pins = mirror.ensure_mirror({"mirror_url": mirror.BASE_URL}, tmp_path)
     assert calls == [1]
@@ -133,6 +137,8 @@ def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
     assert sha256_file(tmp_path / "artifacts" / name) != pins["driver"]["sha256"]
     assert mirror.ensure_mirror(None, tmp_path) == pins  # restored, not rebuilt
     assert calls == [1]
+    assert [s["torch"]["version"] for s in published] == ["2.6.0"] * 3  # published each time
+    assert published[0]["mirror"]["artifacts_url"] == f"{mirror.BASE_URL}/artifacts"
 
 
 @needs_tools
