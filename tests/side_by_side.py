@@ -39,7 +39,10 @@ def main(extra: list[str]) -> int:
     t0 = time.monotonic()
     with tempfile.NamedTemporaryFile("w+", prefix="p40fleet-unit-tests.", suffix=".log") as log:
         unit = subprocess.Popen(
-            pytest_cmd("not lab", "unit", extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            pytest_cmd("not lab", "unit", extra),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "P40LAB_TEST_INSTANCE": UNIT_INSTANCE},
         )
         done: list[float] = []
