@@ -184,53 +184,85 @@ def wipe_upper(name: str, keep: tuple[str, ...] = ()) -> None:
 CLONE_LINKED = (
     "home/verl/miniconda3", "usr/lib/gcc", "usr/lib/x86_64-linux-gnu", "var/cache/apt",
 )  # fmt: skip
+#: Files inside the linked trees that are written in place by design, copied like the rest (a
+#: shared inode would carry one host's write into the seed): package archives and records at
+#: the top of conda's package cache (the lab's conda double writes them over the old ones), the
+#: markers at an env's top (the Apex build key: ``printf > file``) and conda's ``conda-meta``.
+CLONE_COPIED = (
+    "home/verl/miniconda3/pkgs/*", "home/verl/miniconda3/conda-meta/*",
+    "home/verl/miniconda3/envs/*/*", "home/verl/miniconda3/envs/*/conda-meta/*",
+)  # fmt: skip
 
 
-def unshare(top: Path, linked: tuple[str, ...]) -> int:
-    """Give every regular file of ``top`` (a ``cp -al`` copy) outside ``linked`` its own inode,
-    keeping the copy's own hard links (cuDNN's, in the CUDA dir) between its new inodes; mode,
-    owner, times and xattrs kept. Returns how many files were copied."""
+def _copied_files(top: Path, copied: tuple[str, ...]) -> list[Path]:
+    """The regular files of ``top`` that ``copied`` (globs, ``*`` within one path part) name."""
+    found = {p for pattern in copied for p in top.glob(pattern)}
+    return sorted(p for p in found if stat.S_ISREG(os.lstat(p).st_mode))
+
+
+def unshare(top: Path, linked: tuple[str, ...], copied: tuple[str, ...] = CLONE_COPIED) -> int:
+    """Give every regular file of ``top`` (a ``cp -al`` copy) outside ``linked``, and those of
+    ``copied`` inside it, its own inode, keeping the copy's own hard links (cuDNN's, in the CUDA
+    dir) between its new inodes; mode, owner, times and xattrs kept. Returns how many files
+    were copied."""
     skip = {top / p for p in linked}
     mine: dict[int, Path] = {}  # the source's inode -> this copy's first file of it
-    copied = 0
+    copied_n = 0
+
+    def own(path: Path) -> None:
+        nonlocal copied_n
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        tmp = path.with_name(f".{path.name}.p40lab-unshare")
+        if info.st_ino in mine:
+            os.link(mine[info.st_ino], tmp)
+        else:
+            shutil.copy2(path, tmp, follow_symlinks=False)
+            os.chown(tmp, info.st_uid, info.st_gid)
+            os.chmod(tmp, stat.S_IMODE(info.st_mode))  # after chown, which drops setuid
+            copied_n += 1
+        os.replace(tmp, path)
+        mine.setdefault(info.st_ino, path)
+
     for dirpath, dirnames, filenames in os.walk(top):
         here = Path(dirpath)
         dirnames[:] = [d for d in dirnames if here / d not in skip]
         for name in filenames:
-            path = here / name
-            info = os.lstat(path)
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            tmp = path.with_name(f".{name}.p40lab-unshare")
-            if info.st_ino in mine:
-                os.link(mine[info.st_ino], tmp)
-            else:
-                shutil.copy2(path, tmp, follow_symlinks=False)
-                os.chown(tmp, info.st_uid, info.st_gid)
-                os.chmod(tmp, stat.S_IMODE(info.st_mode))  # after chown, which drops setuid
-                copied += 1
-            os.replace(tmp, path)
-            mine.setdefault(info.st_ino, path)
-    return copied
+            own(here / name)
+    for path in _copied_files(top, copied):
+        own(path)
+    return copied_n
 
 
-def clone_upper(source: Path, target: Path, linked: tuple[str, ...] = CLONE_LINKED) -> int:
-    """``target`` = a clone of the upper layer ``source``: hard links for ``linked``, a copy of
-    every other file (copying GBs takes minutes of this machine's disk). Returns files copied."""
+def clone_upper(
+    source: Path,
+    target: Path,
+    linked: tuple[str, ...] = CLONE_LINKED,
+    copied: tuple[str, ...] = CLONE_COPIED,
+) -> int:
+    """``target`` = a clone of the upper layer ``source``: hard links for ``linked`` (less
+    ``copied``), a copy of every other file (copying GBs takes minutes of this machine's disk).
+    Returns files copied."""
     shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-al", "--preserve=all", str(source), str(target)], check=True)
-    return unshare(target, linked)
+    return unshare(target, linked, copied)
 
 
-def linked_signature(top: Path, linked: tuple[str, ...] = CLONE_LINKED) -> dict[str, tuple]:
-    """``relpath -> (inode, size, mtime_ns)`` of every file in ``top``'s ``linked`` trees: a file
-    written in place through any of its hard links changes it."""
+def linked_signature(
+    top: Path, linked: tuple[str, ...] = CLONE_LINKED, copied: tuple[str, ...] = CLONE_COPIED
+) -> dict[str, tuple]:
+    """``relpath -> (inode, size, mtime_ns)`` of every file in ``top``'s ``linked`` trees (less
+    ``copied``): a file written in place through any of its hard links changes it."""
+    own = set(_copied_files(top, copied))
     out: dict[str, tuple] = {}
     for sub in linked:
         for dirpath, _dirs, filenames in os.walk(top / sub):
             for name in filenames:
                 path = Path(dirpath) / name
+                if path in own:
+                    continue
                 info = os.lstat(path)
                 out[str(path.relative_to(top))] = (info.st_ino, info.st_size, info.st_mtime_ns)
     return out

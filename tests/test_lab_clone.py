@@ -52,3 +52,37 @@ def test_an_in_place_write_in_a_linked_tree_changes_the_signature(tmp_path):
     with open(source / "home/verl/miniconda3/lib/torch.so", "r+b") as f:  # through the source
         f.write(b"y")
     assert disks.linked_signature(clone, LINKED) != before
+
+
+def test_files_written_in_place_inside_a_linked_tree_get_their_own_inode(tmp_path):
+    """What the seeds lost in CI (fresh disks instead): conda's double writes a package
+    archive over the old one in ``pkgs/``, and Apex's build key is ``printf > file`` at the
+    env's top. Those are copied; the env's libraries stay linked."""
+    source, clone = tmp_path / "upper", tmp_path / "seed"
+    _tree(source)
+    conda = source / "home/verl/miniconda3"
+    (conda / "pkgs/python-3.11.2").mkdir(parents=True)
+    (conda / "pkgs/python-3.11.2-h0_0.tar.bz2").write_bytes(b"archive")
+    (conda / "pkgs/python-3.11.2/info.json").write_text("{}")
+    (conda / "envs/verl-p40/conda-meta").mkdir(parents=True)
+    (conda / "envs/verl-p40/.p40fleet-apex-key").write_text("K\n")
+    (conda / "envs/verl-p40/conda-meta/history").write_text("==> 1\n")
+    (conda / "envs/verl-p40/lib").mkdir()
+    (conda / "envs/verl-p40/lib/libtorch.so").write_bytes(b"t" * 4096)
+    disks.clone_upper(source, clone, LINKED)
+    before = disks.linked_signature(clone, LINKED)
+    own = ("pkgs/python-3.11.2-h0_0.tar.bz2", "envs/verl-p40/.p40fleet-apex-key",
+           "envs/verl-p40/conda-meta/history")  # fmt: skip
+    shared = ("pkgs/python-3.11.2/info.json", "envs/verl-p40/lib/libtorch.so", "lib/torch.so")
+    top = "home/verl/miniconda3"
+    for rel in own:
+        assert os.stat(conda / rel).st_ino != os.stat(clone / top / rel).st_ino, rel
+        assert f"{top}/{rel}" not in before, rel
+    for rel in shared:
+        assert os.stat(conda / rel).st_ino == os.stat(clone / top / rel).st_ino, rel
+        assert f"{top}/{rel}" in before, rel
+    for rel in own:  # the writes the seeds met, through the source
+        with open(conda / rel, "r+b") as f:
+            f.write(b"Z")
+    assert disks.linked_signature(clone, LINKED) == before
+    assert (clone / top / "envs/verl-p40/.p40fleet-apex-key").read_text() == "K\n"

@@ -157,8 +157,8 @@ class Lab:
             intact[name] = not changed
             if changed:
                 self.seed_log.append(
-                    f"seed {name}: {len(changed)} linked file(s) changed since "
-                    f"it was saved (e.g. {changed[0]}): fresh disks instead"
+                    f"seed {name}: {len(changed)} linked file(s) changed since it was saved "
+                    f"({', '.join(changed[:5])}): fresh disks instead"
                 )
         seeds = {h: d for h, d in seeds.items() if intact[d.name]}
         wanted = {s.name for s in specs}
