@@ -4,27 +4,10 @@
     pyinfra -y inventories/sim.py deploy/full.py       # the simulated lab (make demo)
     pyinfra inventories/sim.py deploy/full.py --dry    # what would change, changing nothing
 
-Facts are gathered as each step needs them; a second run changes nothing.
+The steps: ``p40fleet/deploys/steps/full.py``; from another repo's deploy file,
+``p40fleet.deploys.full()``.
 """
 
-from pyinfra import host, local
+from p40fleet.deploys.steps import full
 
-from operations.run.verification import verify_after_run
-from p40fleet.spec import SpecError, spec_for_host
-
-# 1. Preflight: spec, GPUs (PCI ids, before any driver), OS, space, mirror — refusals first.
-local.include("deploy/preflight.py")
-# 2. System layer: nouveau out, driver 525, CUDA 11.8 toolkit, cuDNN 8.9.7 hard-linked.
-local.include("deploy/system.py")
-# 3. Python layer: training user, Miniconda + env, torch, Apex, verl patched + --no-deps.
-local.include("deploy/python.py")
-# 4. Training: a launch script for verl's PPO in the training user's home, right for its GPUs.
-local.include("deploy/training.py")
-# 5. Verification: the three-line check and the rest, once the last operation has run
-#    (deploy/verify.py alone checks hosts as they are now).
-#    A refused host is reported REFUSED with its reasons, as deploy/verify.py reports it.
-try:
-    spec = spec_for_host(host)
-except SpecError:
-    spec = None  # refused by the preflight: nothing to probe, its refusal is the verdict
-verify_after_run(spec)
+full.run()

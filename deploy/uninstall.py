@@ -3,35 +3,10 @@
     pyinfra INVENTORY deploy/uninstall.py --limit HOST     # then reboot: nouveau is back
     pyinfra INVENTORY deploy/uninstall.py --limit HOST --dry
 
-Walks ``p40fleet.footprint.FOOTPRINT`` (the list docs/footprint.md is generated from) in
-``operations.uninstall.ORDER``: the Ray unit, the driver through its own uninstaller, the CUDA
-link, the nouveau blacklist (initramfs rebuilt), the mirror's apt source (the distribution's
-sources moved back), the Apex build account, the CUDA and cuDNN trees, the profile script and
-p40fleet's root-owned state; the training user and its home only with
-``stack.policy.uninstall_home: remove``. Each step decides from facts: a second uninstall
-changes nothing, and ``deploy/full.py`` converges the host again. No GPU or OS refusals (the
-preflight is not run): only the spec (for the paths) and the run lock.
+The steps: ``p40fleet/deploys/steps/uninstall.py``; from another repo's deploy file,
+``p40fleet.deploys.uninstall()``.
 """
 
-from __future__ import annotations
+from p40fleet.deploys.steps import uninstall
 
-from pathlib import Path
-
-from pyinfra import host, state
-
-from facts.survey import install as keep_facts
-from operations import uninstall
-from operations.run.spec import validated_spec
-from p40fleet import footprint
-from p40fleet.runtime import deploy_frames, ssh_poll, sshguard
-
-sshguard.install()
-keep_facts(state)
-deploy_frames.install(Path(__file__).parent)
-ssh_poll.install(state, host)  # now, and again on every reconnect
-spec = validated_spec()  # takes this run's lock on the host, released after the last step
-
-if spec is not None:
-    for kind in uninstall.ORDER:
-        for item in footprint.items(spec, undo=kind):
-            uninstall.undo(item, spec)
+uninstall.run()

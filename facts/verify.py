@@ -9,12 +9,11 @@ header or :func:`p40fleet.verification.probe.parse_probe`.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from p40fleet.facts.survey import one_write
 from pyinfra.api import FactBase
 from typing_extensions import override
 
-from facts.survey import one_write
+from p40fleet.paths import FILES
 from p40fleet.privdrop import AS_USER_FN, FACT_TIMEOUT_S
 from p40fleet.shell_template import shell_template
 from p40fleet.verification.probe import ProbeAnswers, ProbeTargets, parse_probe
@@ -27,7 +26,7 @@ __all__ = [
     "render_probe",
 ]
 
-PROBE_TEMPLATE = Path(__file__).resolve().parent.parent / "files" / "verify-probe.sh.j2"
+PROBE_TEMPLATE = FILES / "verify-probe.sh.j2"
 #: nvidia-smi --query-gpu fields the probe asks for (R470 has no compute_cap: asked without it).
 SMI_FIELDS = "index,name,pci.bus_id,pci.device_id,compute_cap,driver_version"
 SMI_FIELDS_R470 = "index,name,pci.bus_id,pci.device_id,driver_version"

@@ -36,17 +36,17 @@ import os
 import posixpath
 import shlex
 
+from p40fleet.facts.env import EnvDistributions, MarkerText, env_python
+from p40fleet.facts.env import env_dir as conda_env_dir
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import refuse_option_ref
+from p40fleet.operations.torch import pip_command
+from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as
+from p40fleet.operations.util.progress import Stopwatch
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
-from facts.env import EnvDistributions, MarkerText, env_python
-from facts.env import env_dir as conda_env_dir
-from facts.survey import Part, ask, part
-from operations.refuse import refuse_option_ref
-from operations.torch import pip_command
-from operations.util.as_user import as_user, mkdir_as, put_as
-from operations.util.progress import Stopwatch
 from p40fleet import apex_cache
 from p40fleet.apex_build import (
     BUILD_ACCOUNT,

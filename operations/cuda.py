@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from pathlib import Path
 
 from jinja2.ext import Extension
+from p40fleet.facts.cuda import CudaToolkit, GccMajor, NvccRelease
+from p40fleet.facts.host import FreeSpace
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.artifacts import format_bytes
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.progress import Stopwatch
+from p40fleet.operations.util.unchanged import rendered, same_file
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File, Link, Sha1File
 from pyinfra.operations import files
 
-from facts.cuda import CudaToolkit, GccMajor, NvccRelease
-from facts.host import FreeSpace
-from facts.survey import Part, ask, part
-from operations.artifacts import format_bytes
-from operations.refuse import refuse
-from operations.util.progress import Stopwatch
-from operations.util.unchanged import rendered, same_file
+from p40fleet.paths import FILES
 from p40fleet.spec import StackSpec, cuda_release_of
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 PROFILE_FILE = "/etc/profile.d/cuda.sh"
-TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "cuda-profile.sh.j2")
+TEMPLATE = str(FILES / "cuda-profile.sh.j2")
 
 
 @operation()

@@ -18,17 +18,17 @@ line: it travels only as the upload's content.
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
+from p40fleet.facts.ray import HasSystemd
+from p40fleet.facts.survey import ask
+from p40fleet.operations.proxy import root_secret
+from p40fleet.operations.refuse import refuse
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import files, systemd
 
-from facts.ray import HasSystemd
-from facts.survey import ask
-from operations.proxy import root_secret
-from operations.refuse import refuse
+from p40fleet.paths import FILES
 from p40fleet.ray import (
     TOKEN_DIR,
     TOKEN_FILE,
@@ -42,7 +42,7 @@ from p40fleet.ray import (
 
 __all__ = ["TEMPLATE", "ray_left_out", "ray_member"]
 
-TEMPLATE = str(Path(__file__).resolve().parent.parent / "files" / "ray.service.j2")
+TEMPLATE = str(FILES / "ray.service.j2")
 STEP = "ray cluster"
 
 

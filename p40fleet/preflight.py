@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from p40fleet import condalock, hashlock, verl_patches
+from p40fleet import condalock, hashlock, paths, verl_patches
 from p40fleet.profile import HostGpuSummary
 from p40fleet.spec import ARTIFACTS, SUPPORTED_OS, StackSpec
 
 #: The repository's files/: the hash-locked requirement files the Python layer installs.
-FILES = Path(__file__).resolve().parent.parent / "files"
+FILES = paths.FILES
 
 
 @dataclass(frozen=True)

@@ -34,17 +34,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from p40fleet.paths import FILES
 from p40fleet.profile import PROFILES
 
 
 def _applier_path() -> Path:
-    """``files/verl_patches.py`` of the checkout: the one this package sits in (an editable
-    install), else the working directory (a wheel holds no files/; deploys run from the
-    checkout)."""
-    for root in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        if (root / "files" / "verl_patches.py").is_file():
-            return root / "files" / "verl_patches.py"
-    return Path(__file__).resolve().parent.parent / "files" / "verl_patches.py"
+    """``files/verl_patches.py``: the installed package's, else the checkout's (p40fleet.paths)."""
+    return FILES / "verl_patches.py"
 
 
 #: The applier: the only owner of the patch record's name and format.

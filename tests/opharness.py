@@ -8,8 +8,8 @@ anywhere) and ``host.noop``/``host.log`` are recorded.
 Usage::
 
     from tests.opharness import at, run_op
-    from facts.host import FreeSpace
-    from facts.cuda import CudaToolkit, GccMajor
+    from p40fleet.facts.host import FreeSpace
+    from p40fleet.facts.cuda import CudaToolkit, GccMajor
 
     result = run_op(
         cuda.toolkit,                       # the decorated operation (or its ._inner)

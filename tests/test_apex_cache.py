@@ -20,10 +20,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from p40fleet.operations import apex
+from p40fleet.operations.run import apex_fleet
 from pyinfra.facts.files import Directory, File
 
-from operations import apex
-from operations.run import apex_fleet
 from p40fleet import apex_build, apex_cache, controller
 from tests.opharness import run_op
 

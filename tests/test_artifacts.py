@@ -7,10 +7,10 @@ import os
 import subprocess
 
 import pytest
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
+from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
+from p40fleet.operations import artifacts
 
-from facts.artifacts import ArtifactFile, ArtifactState
-from facts.host import FreeSpace, FreeSpaceInfo
-from operations import artifacts
 from p40fleet.spec import load_spec
 from tests.opharness import MissingFact, at, run_op
 
@@ -579,9 +579,8 @@ def test_fact_reads_owner_and_mode_of_dir_file_and_marker(tmp_path):
 
 
 def test_streamed_step_prints_output_and_keeps_the_operations_sudo():
+    from p40fleet.operations.util import progress
     from pyinfra.api import StringCommand
-
-    from operations.util import progress
 
     calls, logs = [], []
 
@@ -645,7 +644,7 @@ def test_cache_whose_parent_another_account_could_rename_refuses_the_host():
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root (chown to another uid)")
 def test_parent_walk_for_real_names_the_parent_another_uid_owns(tmp_path):
-    from facts.artifacts import UnsafeParent
+    from p40fleet.facts.artifacts import UnsafeParent
 
     tmp_path.chmod(0o755)
     data = tmp_path / "data"

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.collective import CollectiveRunFact, render_collective
 
-from facts.collective import CollectiveRunFact, render_collective
 from p40fleet import verify_cli
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.ray import TOKEN_FILE

@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from pyinfra.facts.files import Directory, File
-
-from facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
-from facts.env import (
+from p40fleet.facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
+from p40fleet.facts.env import (
     EnvDistributions,
     EnvPython,
     EnvPythonState,
@@ -22,7 +20,9 @@ from facts.env import (
     env_python,
     normalize_name,
 )
-from operations import conda
+from p40fleet.operations import conda
+from pyinfra.facts.files import Directory, File
+
 from p40fleet import condalock
 from tests.opharness import at, run_op
 from tests.pylayer import ME, PREFIX

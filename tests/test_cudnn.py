@@ -6,9 +6,16 @@ import os
 import subprocess
 from pathlib import Path
 
-from facts.artifacts import UnsafeParent
-from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
-from operations import cudnn
+from p40fleet.facts.artifacts import UnsafeParent
+from p40fleet.facts.cudnn import (
+    CudnnExtracted,
+    CudnnFile,
+    CudnnFiles,
+    CudnnHeaderVersion,
+    PathDevice,
+)
+from p40fleet.operations import cudnn
+
 from tests.opharness import at, run_op
 from tests.probe_answers import checks_for, only_failures, sections
 

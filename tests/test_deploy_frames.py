@@ -49,7 +49,7 @@ def test_the_repo_deploy_files_each_get_an_entry_and_importing_adds_none():
 import sys
 from pathlib import Path
 from p40fleet.runtime import deploy_frames
-import operations, facts.survey
+import p40fleet.operations, p40fleet.facts.survey
 assert not [n for n in sys.modules if n.startswith(deploy_frames.PREFIX)], "added on import"
 added = deploy_frames.install(Path("deploy"))
 print(" ".join(sorted(n.removeprefix(deploy_frames.PREFIX) for n in added)))
@@ -64,6 +64,6 @@ print(" ".join(sorted(n.removeprefix(deploy_frames.PREFIX) for n in added)))
 
 
 def test_preflight_installs_the_entries_before_it_surveys_the_host():
-    text = (REPO / "deploy" / "preflight.py").read_text()
-    install = text.index("deploy_frames.install(Path(__file__).parent)")
+    text = (REPO / "p40fleet" / "deploys" / "steps" / "preflight.py").read_text()
+    install = text.index("deploy_frames.install_for(state)")
     assert install < text.index("survey_host(")

@@ -531,7 +531,7 @@ def test_conda_24_11_1_checks_no_tos_and_needs_a_reachable_channel(minicondas, c
 def test_conda_condarc_channels_replace_the_defaults(minicondas, channel, tmp_path):
     prefixes, host_py = minicondas
     prefix = prefixes["24.11.1"]
-    from operations.conda import condarc_text
+    from p40fleet.operations.conda import condarc_text
 
     (prefix / ".condarc").write_text(condarc_text(channel))
     try:
@@ -632,7 +632,7 @@ def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas, channel):
 
 
 def test_conda_tos_fact_tells_the_doubles_apart(minicondas, tmp_path):
-    from facts.conda import CondaTos
+    from p40fleet.facts.conda import CondaTos
 
     prefixes, _ = minicondas
 

@@ -6,11 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pyinfra.facts.apt import AptSources
-from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Which
-
-from facts.driver import (
+from p40fleet.facts.driver import (
     SMI_FIELDS,
     SMI_FIELDS_R470,
     SMI_MARKER,
@@ -20,10 +16,14 @@ from facts.driver import (
     SmiGpu,
     SmiResult,
 )
-from facts.gpu import PciGpu, PciGpus
-from facts.host import KernelHeaders, KernelInfo
-from facts.packages import DebInstalled
-from operations import driver
+from p40fleet.facts.gpu import PciGpu, PciGpus
+from p40fleet.facts.host import KernelHeaders, KernelInfo
+from p40fleet.facts.packages import DebInstalled
+from p40fleet.operations import driver
+from pyinfra.facts.apt import AptSources
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import Which
+
 from p40fleet.gpu_catalog import lookup
 from p40fleet.verification.check import FAIL, PASS
 from tests.opharness import at, run_op

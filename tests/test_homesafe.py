@@ -17,17 +17,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
+from p40fleet.facts.footprint import PathKinds
+from p40fleet.facts.home import UserFile, UserFileState
+from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
+from p40fleet.facts.training import StagedDir, StagedDirState
+from p40fleet.operations import training, training_user
+from p40fleet.operations.util import as_user
 from pyinfra.api import FileDownloadCommand, FileUploadCommand, StringCommand
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Users
 
-from facts.artifacts import ArtifactFile, ArtifactState
-from facts.footprint import PathKinds
-from facts.home import UserFile, UserFileState
-from facts.host import FreeSpace, FreeSpaceInfo
-from facts.training import StagedDir, StagedDirState
-from operations import training, training_user
-from operations.util import as_user
 from p40fleet import apex_build, verl_patches
 from p40fleet.launch import plan_launch
 from p40fleet.privdrop import STAGE_DIR, copy_in_script
@@ -217,7 +217,7 @@ def test_no_operation_acts_under_the_home_as_root(tmp_path):
     bad, acted = {}, set()
     for name, cases in _scenarios(tmp_path).items():
         module, op = name.split(".")
-        operation = getattr(importlib.import_module(f"operations.{module}"), op)
+        operation = getattr(importlib.import_module(f"p40fleet.operations.{module}"), op)
         for kwargs, facts in cases:
             result = run_op(operation, facts=facts, default_facts=True, **kwargs)
             assert "function _fail" not in result.commands, (name, result.failures)
@@ -251,8 +251,8 @@ def test_the_violation_check_sees_what_root_did_before():
 
 
 def test_the_deploys_pass_no_upload_destination_under_the_home():
-    """torch's lock goes to the artifact cache (root-owned) in deploy/python.py."""
-    text = (REPO / "deploy" / "python.py").read_text()
+    """torch's lock goes to the artifact cache (root-owned) in the Python layer's steps."""
+    text = (REPO / "p40fleet" / "deploys" / "steps" / "python.py").read_text()
     assert 'lock_dest=f"{spec.paths.artifact_cache}/' in text
 
 
@@ -389,9 +389,8 @@ def test_the_survey_reads_no_file_under_the_home_as_root():
     """The guards' answers come from the survey (one command on a no-op run): every part that
     reads a file's content under the home is the user's ``UserFile``, never root's
     ``File``/``Sha1File`` (which follow a planted link and hang on a FIFO)."""
+    from p40fleet.operations.run.survey import layer_parts
     from pyinfra.facts.files import Sha1File
-
-    from operations.run.survey import layer_parts
 
     parts = layer_parts(SPEC)
     for cls, kwargs in parts:
@@ -433,9 +432,10 @@ def test_user_file_fact_for_real(scratch):
 
 
 def test_the_deploys_call_only_the_walked_operations():
-    """deploy/ calls no pyinfra operation of its own (files.*, server.*): whatever a deploy
+    """deploy/ and the deploys' steps call no pyinfra operation of their own (files.*, server.*): a deploy
     does on a host goes through operations/, which the walk above covers."""
-    for path in sorted((REPO / "deploy").glob("*.py")):
+    steps = sorted((REPO / "p40fleet" / "deploys").rglob("*.py"))
+    for path in [*sorted((REPO / "deploy").glob("*.py")), *steps]:
         code = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())
         code = re.sub(r'"""(?:.|\n)*?"""', "", code)
         assert not re.search(r"\b(files|server|systemd|apt|pip|git)\.\w+\(", code), path.name

@@ -1,6 +1,6 @@
 import subprocess
 
-from facts.host import (
+from p40fleet.facts.host import (
     Cpus,
     FreeSpace,
     KernelHeaders,

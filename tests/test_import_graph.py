@@ -20,16 +20,23 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("deploy", "facts", "operations", "p40fleet", "p40lab")
+#: Each scanned folder and the dotted name its modules import by: facts/ and operations/ are
+#: installed as ``p40fleet.facts`` and ``p40fleet.operations`` (pyproject.toml's package-dir).
+PACKAGES = {
+    "deploy": "deploy",
+    "facts": "p40fleet.facts",
+    "operations": "p40fleet.operations",
+    "p40fleet": "p40fleet",
+    "p40lab": "p40lab",
+}
 
 
 def _modules() -> dict[str, Path]:
     """Every project module by dotted name (a package by its ``__init__``)."""
     found: dict[str, Path] = {}
-    for top in PACKAGES:
-        for path in sorted((ROOT / top).rglob("*.py")):
-            rel = path.relative_to(ROOT).with_suffix("")
-            parts = list(rel.parts)
+    for folder, dotted in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [dotted, *path.relative_to(ROOT / folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
@@ -157,7 +164,17 @@ def test_the_project_imports_in_no_circle():
     )
 
 
+#: Subpackages of p40fleet that are layers of their own (the user's folders, and the deploys'
+#: bodies, which are the deploy layer packaged).
+LAYER_PACKAGES = {"p40fleet.facts": "facts", "p40fleet.operations": "operations",
+                  "p40fleet.deploys": "deploy"}  # fmt: skip
+
+
 def _top(module: str) -> str:
+    """The layer a module belongs to."""
+    for package, layer in LAYER_PACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            return layer
     return module.split(".", 1)[0]
 
 
@@ -219,3 +236,28 @@ def test_circles_are_the_strongly_connected_components():
     assert circles({"a": {"b"}, "b": set()}) == []
     # the real graph sees a real function-level import (p40fleet/runtime/sshguard.py reports there)
     assert import_graph()["p40fleet.runtime.sshguard"] >= {"p40fleet.report"}
+
+
+def test_the_user_folders_are_imported_only_by_their_package_names():
+    """``facts/`` and ``operations/`` are importable from the checkout as top-level names too
+    (pyinfra puts the working directory on sys.path); a module imported under both names is
+    two modules (two fact classes, two caches), and an installed p40fleet has no such names."""
+    wrong = []
+    for folder in (*PACKAGES, "tests", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in _imports(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if not node.level
+                    else []
+                )
+                wrong += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                    for name in names
+                    if name.split(".", 1)[0] in ("facts", "operations")
+                ]
+    assert not wrong, "import these as p40fleet.facts / p40fleet.operations:\n  " + "\n  ".join(
+        wrong
+    )

@@ -11,11 +11,11 @@ import shlex
 import subprocess
 
 import pytest
+from p40fleet.facts.home import UserFile, UserFileState
+from p40fleet.operations.training import SCRIPT_NAME, write_launch_script
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir, Users
 
-from facts.home import UserFile, UserFileState
-from operations.training import SCRIPT_NAME, write_launch_script
 from p40fleet import launch
 from p40fleet import verl_patches as vp
 from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for

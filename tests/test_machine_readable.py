@@ -23,13 +23,12 @@ from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.driver import NvidiaSmi
+from p40fleet.facts.packages import DebInstalled
 from pyinfra.api import FactBase
 from pyinfra_cli.util import json_encode
 
-import facts
-from facts.driver import NvidiaSmi
-from facts.packages import DebInstalled
-from p40fleet import report
+from p40fleet import facts, report
 from p40fleet.jsonable import ToJson
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,20 +67,25 @@ def test_pyinfra_json_of_a_failing_verification_puts_nothing_of_ours_on_stdout()
 
 def test_ad_hoc_facts_print_as_json():
     proc = pyinfra(
-        "--json", "@local", "fact", "facts.driver.NvidiaSmi", "facts.host.KernelHeaders",
-        "facts.gpu.PciGpus", "facts.host.FreeSpace", "path=/",
+        "--json", "@local", "fact", "p40fleet.facts.driver.NvidiaSmi",
+        "p40fleet.facts.host.KernelHeaders", "p40fleet.facts.gpu.PciGpus",
+        "p40fleet.facts.host.FreeSpace", "path=/",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["facts.driver.NvidiaSmi"]["@local"]["state"] in ("absent", "not-loaded", "ok")
-    assert "release" in data["facts.host.KernelHeaders"]["@local"]
-    assert data["facts.host.FreeSpace (path=/)"]["@local"]["mount_point"] == "/"
+    assert data["p40fleet.facts.driver.NvidiaSmi"]["@local"]["state"] in (
+        "absent",
+        "not-loaded",
+        "ok",
+    )
+    assert "release" in data["p40fleet.facts.host.KernelHeaders"]["@local"]
+    assert data["p40fleet.facts.host.FreeSpace (path=/)"]["@local"]["mount_point"] == "/"
 
 
 def _fact_classes() -> list[type]:
     found = []
     for info in pkgutil.iter_modules(facts.__path__):
-        module = importlib.import_module(f"facts.{info.name}")
+        module = importlib.import_module(f"p40fleet.facts.{info.name}")
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, FactBase) and cls.__module__ == module.__name__:
                 found.append(cls)

@@ -245,7 +245,7 @@ def test_a_relation_nothing_satisfies_is_named_with_who_asked():
 
 
 def test_the_apt_packages_are_the_ones_the_driver_operation_installs():
-    from operations.driver import BUILD_PACKAGES
+    from p40fleet.operations.driver import BUILD_PACKAGES
 
     kernels = ["5.4.0-150-generic", "5.4.0-169-generic"]
     assert apt_repo.deploy_packages(kernels) == [
@@ -477,7 +477,7 @@ def test_the_cli_prints_the_apt_block_to_paste(tmp_path, archive, monkeypatch, c
     assert block["apt"]["signed_by"] == str((mirror / "apt/p40fleet-mirror.gpg").resolve())
     spec = load_spec("h", {"mirror": block})  # validates: signed_by exists, no trusted
     assert spec.mirror.apt.signed_by == block["apt"]["signed_by"] and not spec.mirror.apt.trusted
-    from operations.apt_source import source_line
+    from p40fleet.operations.apt_source import source_line
 
     line = source_line(spec.mirror.apt.url, spec.mirror.apt.suite, spec.mirror.apt.components,
                        spec.mirror.apt.signed_by, spec.mirror.apt.trusted)  # fmt: skip

@@ -59,7 +59,7 @@ def test_wheel_holds_p40fleet_only(wheel):
     top = {n.split("/", 1)[0] for n in names}
     dist_info = {t for t in top if t.endswith(".dist-info")}
     assert top - dist_info == {"p40fleet"}, sorted(top)  # no facts/, operations/, p40lab/
-    modules = {f"p40fleet/{p.name}" for p in (REPO / "p40fleet").glob("*.py")}
+    modules = {p.relative_to(REPO).as_posix() for p in (REPO / "p40fleet").rglob("*.py")}
     assert modules <= set(names), sorted(modules - set(names))
     (info,) = dist_info
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
@@ -221,3 +221,76 @@ def test_a_controller_build_needs_setuptools_only_and_dev_tools_are_pinned():
         r.split("=")[0].split(">")[0]: r for r in project["project"]["optional-dependencies"]["dev"]
     }
     assert dev["ruff"].startswith("ruff=="), dev["ruff"]
+
+
+def test_the_wheel_installs_the_user_folders_under_the_p40fleet_namespace(wheel):
+    """facts/, operations/ (with run/ and util/) and files/ go in as p40fleet.facts,
+    p40fleet.operations and p40fleet/files; the deploys' steps as p40fleet.deploys.steps."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {
+        f"p40fleet/{dest}/{p.relative_to(REPO / src).as_posix()}"
+        for src, dest, pattern in (
+            ("facts", "facts", "*.py"),
+            ("operations", "operations", "**/*.py"),
+            ("files", "files", "*"),
+            ("p40fleet/deploys", "deploys", "**/*.py"),
+        )
+        for p in (REPO / src).glob(pattern)
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert len(expected) > 70  # 77 files today
+    assert expected <= names, sorted(expected - names)
+
+
+def test_another_repo_runs_the_installed_full_deploy(wheel, tmp_path):
+    """A deploy file in another repo calls ``p40fleet.deploys.full()`` from the installed
+    package (not this checkout): against a GPU-less @local, ``--dry`` names the refusal under
+    the deploy's name and changes nothing."""
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+         "--disable-pip-version-check", "--target", str(target), str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    repo = tmp_path / "their-repo"
+    repo.mkdir()
+    (repo / "deploy.py").write_text(
+        "import sys\n"
+        "import p40fleet.deploys, p40fleet.operations.cuda\n"
+        "from p40fleet.paths import FILES\n"
+        "from p40fleet.deploys import full\n"
+        "print('FROM', p40fleet.deploys.__file__, p40fleet.operations.cuda.TEMPLATE, FILES,\n"
+        "      file=sys.stderr)\n"
+        "full()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}  # before the editable install's finder
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "@local", "deploy.py", "--dry"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    (where,) = [line for line in out.splitlines() if line.startswith("FROM ")][:1]
+    module, template, files = where.split()[1:]
+    assert module.startswith(str(target)) and template.startswith(str(target)), where
+    assert Path(files) == target / "p40fleet" / "files" and Path(template).is_file(), where
+    assert "dry run: a real run refuses this host with:" in out, out[-3000:]
+    # the layers keep the names local.include gave them, under the deploy's own name
+    assert "p40fleet full | deploy/preflight.py | Refuse: preflight" in out, out[-3000:]
+    assert "GPUs none: no NVIDIA GPU found" in out, out[-3000:]
+
+
+def test_the_checkouts_entry_points_keep_their_operation_names(tmp_path):
+    """``deploy/full.py`` runs the steps as functions; its operations are still named as when
+    it included ``deploy/preflight.py`` (``deploy/preflight.py | …``), and nothing else."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "@local", "deploy/full.py", "--dry"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    table = out[out.index("--> Detected changes:") :].splitlines()[2:5]
+    names = [line.strip().split("  ")[0] for line in table]
+    assert names == [
+        "deploy/preflight.py | Take the p40fleet run lock",
+        "deploy/preflight.py | Refuse: preflight",
+        "deploy/preflight.py | Proxy credentials for the fetching steps",
+    ], out[-3000:]

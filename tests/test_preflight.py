@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from operations.refuse import refusal_message
+from p40fleet.operations.refuse import refusal_message
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +27,7 @@ DEPLOY = """
 from pyinfra import host
 from pyinfra.operations import files
 
-from operations.run.spec import validated_spec
+from p40fleet.operations.run.spec import validated_spec
 
 spec = validated_spec()
 if spec is not None:
@@ -152,20 +151,19 @@ def test_bad_host_is_refused_alone(tmp_path):
 @pytest.mark.parametrize("deploy", ["system.py", "python.py", "training.py", "ray.py"])
 def test_every_deploy_that_changes_hosts_runs_the_preflight_first(deploy):
     """S21: run alone, each deploy refuses an unsupported OS (GPU, space, mirror) before it adds
-    an operation: deploy/preflight.py is included at module level before validated_spec()."""
+    an operation: its steps' ``run()`` runs the preflight's steps before validated_spec()."""
     import ast
 
-    tree = ast.parse((REPO / "deploy" / deploy).read_text())
+    tree = ast.parse((REPO / "p40fleet" / "deploys" / "steps" / deploy).read_text())
+    (run,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
     order = []
-    for node in tree.body:
+    for node in run.body:
         for call in ast.walk(node):
             if not isinstance(call, ast.Call):
                 continue
-            if ast.unparse(call) == "local.include('deploy/preflight.py')":
+            if ast.unparse(call) == "preflight_steps.run()":
                 order.append("preflight")
-            elif ast.unparse(call.func) == "validated_spec" and not isinstance(
-                node, ast.FunctionDef
-            ):
+            elif ast.unparse(call.func) == "validated_spec":
                 order.append("spec")
     assert order[:2] == ["preflight", "spec"], order
 

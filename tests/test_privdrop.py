@@ -17,15 +17,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.collective import CollectiveRunFact, CollectiveTargets
+from p40fleet.facts.env import EnvPython
+from p40fleet.facts.smoke import ClusterSmokeStep, ClusterSmokeTargets, SmokeStep, SmokeTargets
+from p40fleet.facts.verify import VerifyProbe, render_probe
+from p40fleet.operations import apex, conda, torch, training, training_user, verl
 from pyinfra.api import FactBase
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
-from facts.collective import CollectiveRunFact, CollectiveTargets
-from facts.env import EnvPython
-from facts.smoke import ClusterSmokeStep, ClusterSmokeTargets, SmokeStep, SmokeTargets
-from facts.verify import VerifyProbe, render_probe
-from operations import apex, conda, torch, training, training_user, verl
 from p40fleet.privdrop import AS_USER_FN, as_user_script
 from p40fleet.spec import load_spec
 from p40fleet.verification.probe import ProbeTargets
@@ -36,7 +36,9 @@ HOME = SPEC.user.home
 USER = SPEC.user.name
 PY = f"{SPEC.env.conda_prefix}/envs/{SPEC.env.name}/bin/python"
 REPO = Path(__file__).resolve().parent.parent
-FACT_MODULES = [f"facts.{p.stem}" for p in (REPO / "facts").glob("*.py") if p.stem != "__init__"]
+FACT_MODULES = [
+    f"p40fleet.facts.{p.stem}" for p in (REPO / "facts").glob("*.py") if p.stem != "__init__"
+]
 
 
 def _project_facts() -> list[type[FactBase]]:
@@ -300,7 +302,7 @@ def test_every_fact_that_reads_a_file_has_a_limit():
 
 
 def test_marker_text_reads_4096_bytes_and_no_symlink(tmp_path):
-    from facts.env import MarkerText
+    from p40fleet.facts.env import MarkerText
 
     big = tmp_path / "big"
     with open(big, "wb") as fh:
@@ -329,7 +331,7 @@ def test_home_is_managed_0750_and_data_and_models_are_not_world_readable():
     )  # fmt: skip
     assert f"chmod 750 {HOME}" in result.commands
     # deploy/python.py's data and model directories
-    tree = ast.parse((REPO / "deploy" / "python.py").read_text())
+    tree = ast.parse((REPO / "p40fleet" / "deploys" / "steps" / "python.py").read_text())
     modes = {}
     directory = ("files.directory", "training_user.directory")  # the latter wraps the former
     for call in ast.walk(tree):
@@ -432,7 +434,8 @@ def _flooders(base: Path, cls: type[FactBase]) -> dict:
 def test_a_user_program_that_floods_and_holds_the_pipe_is_cut_and_ended(open_tmp, monkeypatch):
     """S19/N6 for real, walking every fact that runs a user program: its 50 MB come back cut
     to ``ASK_LIMIT`` bytes, and the child it leaves holding stdout does not hold the fact."""
-    from facts.ray import RayStatus
+    from p40fleet.facts.ray import RayStatus
+
     from p40fleet import privdrop
     from p40fleet.ray import UNIT_PATH
 
@@ -484,12 +487,12 @@ def test_a_pth_cannot_forge_root_parts_flood_or_hang_the_survey(open_tmp, monkey
     stdout. Part 0 keeps root's answer; EnvPython answers (broken: ended) within the bound."""
     import time
 
+    from p40fleet.facts import survey as sv
+    from p40fleet.facts.host import MemTotal
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all
     from pyinfra.api.state import StateStage
 
-    from facts import survey as sv
-    from facts.host import MemTotal
     from p40fleet import privdrop
 
     _needs_root_and_nobody()
@@ -563,7 +566,8 @@ def test_the_probe_keeps_root_sections_and_answers_over_a_fifo(open_tmp):
 def test_ray_status_over_a_fifo_log_answers_at_once(open_tmp):
     """N6: Ray's temp dir is 0777; a FIFO planted as raylet.out is not read (as the user, a
     regular file only): the fact answers without a node id, at once."""
-    from facts.ray import RayStatus
+    from p40fleet.facts.ray import RayStatus
+
     from p40fleet.ray import UNIT_PATH
 
     _needs_root_and_nobody()

@@ -8,18 +8,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.apt_source import AptSources, AptSourceState
+from p40fleet.facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
+from p40fleet.facts.env import EnvPython, EnvPythonState
+from p40fleet.facts.host import KernelHeaders, KernelInfo
+from p40fleet.facts.mirror import UrlHead
+from p40fleet.facts.verl import GitCheckout, GitState
+from p40fleet.operations import apex, apt_source, artifacts, conda, driver, torch, verl
+from p40fleet.operations import proxy as proxy_op
 from pyinfra.api import StringCommand
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Which
 
-from facts.apt_source import AptSources, AptSourceState
-from facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
-from facts.env import EnvPython, EnvPythonState
-from facts.host import KernelHeaders, KernelInfo
-from facts.mirror import UrlHead
-from facts.verl import GitCheckout, GitState
-from operations import apex, apt_source, artifacts, conda, driver, torch, verl
-from operations import proxy as proxy_op
 from p40fleet import proxy
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.spec import Proxy, SpecError, load_spec

@@ -1,8 +1,9 @@
-"""deploy/python.py offline: the operations it queues for one host, in order, with the files the
-preflight checked; and no refusal of its own (the preflight, included first, refuses a host
-the layer cannot serve, so validated_spec() answers None for it).
+"""The Python layer's steps offline (``p40fleet/deploys/steps/python.py``, which
+deploy/python.py runs): the operations it queues for one host, in order, with the files the
+preflight checked; and no refusal of its own (the preflight, run first, refuses a host the
+layer cannot serve, so validated_spec() answers None for it).
 
-The deploy file is executed as pyinfra would (its top level, in a host's context) with every
+The steps run in a host's context, as pyinfra runs them, with every
 operation of the modules it calls replaced by a recorder; the helpers that decide from facts
 (``conda.env_fresh``, ``apex.needed``, the Apex election, ``verl.checkout_moves``) run for real
 on a fake host whose facts are their defaults (a fresh host) plus its GPUs.
@@ -15,20 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyinfra import local
+from p40fleet.facts.gpu import PciGpu, PciGpus
+from p40fleet.operations import apex, artifacts, conda, refuse, torch, training_user, verl
+from p40fleet.operations.run import apex_fleet
 from pyinfra.context import ctx_host, ctx_state
 
-import operations.run.spec as run_spec
-from facts.gpu import PciGpu, PciGpus
-from operations import apex, artifacts, conda, refuse, torch, training_user, verl
-from operations.run import apex_fleet
 from p40fleet import preflight
+from p40fleet.deploys.steps import preflight as preflight_steps
+from p40fleet.deploys.steps import python as python_steps
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
 from tests.opharness import make_host
 
 REPO = Path(__file__).resolve().parent.parent
-DEPLOY = REPO / "deploy" / "python.py"
+STEPS_FILE = REPO / "p40fleet" / "deploys" / "steps" / "python.py"
 P40 = 0x1B38
 MODULES = (apex, apex_fleet, artifacts, conda, refuse, torch, training_user, verl)
 
@@ -55,7 +56,7 @@ STEPS = [
 
 
 def queued(monkeypatch: pytest.MonkeyPatch, stack: dict[str, Any]) -> list[tuple[str, dict]]:
-    """``(module.operation, kwargs)`` of each operation deploy/python.py queues for lab1."""
+    """``(module.operation, kwargs)`` of each operation the Python layer queues for lab1."""
     spec = load_spec("lab1", stack)
     state, host = make_host({"stack": stack})
     gpus = [PciGpu("0000:01:00.0", 0x10DE, P40, 0x030200, 0x10DE, 0x11D9, lookup(P40))]
@@ -63,8 +64,12 @@ def queued(monkeypatch: pytest.MonkeyPatch, stack: dict[str, Any]) -> list[tuple
     for quiet in ("noop", "log", "log_styled"):
         monkeypatch.setattr(host, quiet, lambda *a, **k: None)
     calls: list[tuple[str, dict]] = []
-    monkeypatch.setattr(local, "include", lambda path: calls.append(("include", {"path": path})))
-    monkeypatch.setattr(run_spec, "validated_spec", lambda **_: spec)
+    monkeypatch.setattr(
+        preflight_steps,
+        "run",
+        lambda: calls.append(("preflight", {"name": host.current_deploy_name})),
+    )
+    monkeypatch.setattr(python_steps, "validated_spec", lambda **_: spec)
     for module in MODULES:
         for attr in dir(module):
             if hasattr(getattr(module, attr), "_inner"):  # an @operation
@@ -73,13 +78,13 @@ def queued(monkeypatch: pytest.MonkeyPatch, stack: dict[str, Any]) -> list[tuple
                     module, attr, lambda *a, _name=name, **k: calls.append((_name, k))
                 )
     with ctx_state.use(state), ctx_host.use(host):
-        exec(compile(DEPLOY.read_text(), str(DEPLOY), "exec"), {"__file__": str(DEPLOY)})
+        python_steps.run()
     return calls
 
 
 def test_the_preflight_first_then_the_six_steps_in_order(monkeypatch):
     calls = queued(monkeypatch, {})
-    assert calls[0] == ("include", {"path": "deploy/preflight.py"})
+    assert calls[0] == ("preflight", {"name": "deploy/preflight.py"})  # named as included
     assert [name for name, _ in calls[1:]] == STEPS
     ops = dict(calls[1:])
     spec = load_spec("lab1", {})
@@ -107,6 +112,6 @@ def test_a_mirror_channel_adds_the_condarc_step_and_is_the_envs_only_channel(mon
 def test_the_python_layer_has_no_refusal_of_its_own():
     """One place decides who gets no Python layer: the preflight (GPUs, verl ref, conda, torch
     and verl locks: ``p40fleet.preflight.python_layer_refusals``)."""
-    tree = ast.parse(DEPLOY.read_text())
+    tree = ast.parse(STEPS_FILE.read_text())
     called = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     assert not {name for name in called if "refus" in name}, called

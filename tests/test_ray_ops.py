@@ -6,14 +6,14 @@ import hashlib
 import json
 
 import pytest
+from p40fleet.facts.gpu import PciGpus
+from p40fleet.facts.ray import HasSystemd
+from p40fleet.operations import ray
 from pyinfra.api import State
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from facts.gpu import PciGpus
-from facts.ray import HasSystemd
-from operations import ray
 from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH, cluster_token, plan_ray
 from p40fleet.spec import load_spec
 from tests.opharness import run_op
@@ -160,7 +160,8 @@ class _Member:
     """An inventory host as ray_cluster.membership reads it: a name, host data, its PCI fact."""
 
     def __init__(self, name: str, devices: list[int]):
-        from facts.gpu import PciGpu
+        from p40fleet.facts.gpu import PciGpu
+
         from p40fleet.gpu_catalog import lookup
 
         self.name = name
@@ -174,8 +175,8 @@ class _Member:
     probe = None  # what facts.ray.RayStatus answers here (verify)
 
     def get_fact(self, cls, **kwargs):
-        from facts.gpu import PciGpus
-        from facts.ray import RayStatus
+        from p40fleet.facts.gpu import PciGpus
+        from p40fleet.facts.ray import RayStatus
 
         if cls is RayStatus and self.probe is not None:
             return self.probe
@@ -216,7 +217,7 @@ class _Inventory:
 def fleet(monkeypatch, tmp_path):
     """``fleet(counts, active=None)`` -> (ray_cluster module, members by name); the controller
     cache in tmp_path (its ray-members.json is the last full run's record)."""
-    from operations.run import ray_cluster
+    from p40fleet.operations.run import ray_cluster
 
     monkeypatch.setenv("P40FLEET_CACHE", str(tmp_path))
 
@@ -389,7 +390,8 @@ def test_the_collective_runs_on_the_head_over_the_training_nodes(fleet, monkeypa
     """verify --collective: the head asks one all-reduce over the plan's training nodes (their
     Ray addresses, rank order = the plan's), the rendezvous on the head's address and the
     pinned port; another member adds nothing; a run without the head says where it runs."""
-    from facts.collective import CollectiveRunFact
+    from p40fleet.facts.collective import CollectiveRunFact
+
     from p40fleet.verification import collective
 
     two = {"lab1": [P40] * 2, "lab2": [P40] * 2, "lab3": [P100]}  # 2 nodes x 2 P40 train
@@ -431,7 +433,8 @@ def test_the_head_runs_one_step_over_the_clusters_plan(fleet, monkeypatch):
     (the plan's members and addresses, its GPUs per node, the cluster's GCS address), after its
     own checks passed; a head whose own step or Ray check failed SKIPs it; another member and a
     fleet that trains on one node add nothing."""
-    from facts.smoke import ClusterSmokeStep
+    from p40fleet.facts.smoke import ClusterSmokeStep
+
     from p40fleet.verification import smoke
     from p40fleet.verification.check import PASS, SIM_DATA, Check
 

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.run_lock import RunLock, RunLockState
+from p40fleet.operations import run_lock as op
 
-from facts.run_lock import RunLock, RunLockState
-from operations import run_lock as op
 from p40fleet import controller, run_lock
 from p40fleet.run_lock import BOOT_GRACE_S, MAX_AGE_S, Holder
 from p40fleet.run_record import run_record
@@ -294,8 +294,8 @@ def test_operation_changes_nothing_while_preparing():
 
 DEPLOY = """
 from pyinfra.operations import server
-from operations.run.spec import validated_spec
-from operations.run_lock import hold
+from p40fleet.operations.run.spec import validated_spec
+from p40fleet.operations.run_lock import hold
 spec = validated_spec()
 if spec is not None:
     hold()  # a second deploy of the same run: re-entrant

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 DEPLOY = """
 from pyinfra.operations import server
-from operations.run.spec import validated_spec
+from p40fleet.operations.run.spec import validated_spec
 spec = validated_spec()
 if spec is not None:
     server.shell(name="touch marker", commands=["touch {marker}"])

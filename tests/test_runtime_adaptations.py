@@ -50,6 +50,7 @@ ADAPTATIONS: dict[str, set[str]] = {
         "transport: .get_transport",
     },
     "p40fleet/runtime/deploy_frames.py": {"sys.modules: sys.modules[...] ="},
+    "p40fleet/runtime/included.py": {"internal: Host.deploy"},
     "p40fleet/runtime/inventory.py": {
         "cli: pyinfra_cli.inventory.make_inventory",
         "internal: pyinfra.context.ctx_config",
@@ -215,6 +216,10 @@ def sightings(source: str) -> Iterator[str]:
             elif isinstance(func, ast.Attribute) and func.attr in _SYS_MODULES_WRITES:
                 if _dotted(func.value) == ["sys", "modules"]:
                     yield f"sys.modules: sys.modules.{func.attr}"
+            # Host.deploy: pyinfra's own context behind @deploy and local.include (internal)
+            called = _dotted(func)
+            if called and called[-2:] == ["host", "deploy"] and called[0] in bound:
+                yield "internal: Host.deploy"
         if isinstance(node, ast.Attribute) or _is_getattr(node):
             chain = _dotted(node)
             if chain is None:
@@ -359,6 +364,10 @@ assert not changed and not entered, (changed, entered)
         ("h.connector.client.get_transport().sock.settimeout(1)", "transport: .get_transport"),
         ("getattr(getattr(h, 'connector', None), 'client', None)", "transport: .connector.client"),
         ("t = getattr(c, 'get_transport')()", "transport: .get_transport"),
+        (
+            "from pyinfra import host\nwith host.deploy('x', None, None):\n    pass",
+            "internal: Host.deploy",
+        ),
     ],
 )
 def test_the_scan_sees(source, expected):

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-
-from facts.smoke import (
+from p40fleet.facts.smoke import (
     RAY_PORT,
     ClusterSmokeTargets,
     SmokeTargets,
@@ -24,6 +23,7 @@ from facts.smoke import (
     render_job,
     render_smoke,
 )
+
 from p40fleet import verify_cli
 from p40fleet import verl_patches as vp
 from p40fleet.launch import plan_launch

@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from p40fleet.facts import survey as memo
+from p40fleet.facts.cudnn import PathDevice
+from p40fleet.facts.host import LinuxDistribution, MemTotal
 from pyinfra import host
 from pyinfra.api import Config, FactBase, Inventory, State, operation
 from pyinfra.api.connect import connect_all
@@ -17,10 +20,6 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
-
-from facts import survey as memo
-from facts.cudnn import PathDevice
-from facts.host import LinuxDistribution, MemTotal
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -178,10 +177,10 @@ def snapshot():
     return found
 
 before = snapshot()
-import operations
+from p40fleet import operations
 for info in pkgutil.iter_modules(operations.__path__):
-    importlib.import_module(f"operations.{info.name}")
-import facts.survey
+    importlib.import_module(f"p40fleet.operations.{info.name}")
+import p40fleet.facts.survey
 after = snapshot()
 changed = [k for k in before if after.get(k) is not before[k]]
 print(changed)

@@ -26,16 +26,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyinfra.facts.files import Directory, File, Link, Sha1File
-from pyinfra.facts.server import Groups, Users
-
-from facts.apt_source import AptSources, AptSourceState
-from facts.artifacts import ArtifactFile, ArtifactState, UnsafeParent
-from facts.conda import CONDA_HEALTHY, TOS_PLUGIN, CondaInstall, CondaState, CondaTos, CondaTosState
-from facts.cuda import CudaInstall, CudaToolkit, NvccRelease
-from facts.cudnn import CudnnExtracted, CudnnFile, CudnnFiles, CudnnHeaderVersion, PathDevice
-from facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi, SmiGpu, SmiResult
-from facts.env import (
+from p40fleet.facts.apt_source import AptSources, AptSourceState
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState, UnsafeParent
+from p40fleet.facts.conda import (
+    CONDA_HEALTHY,
+    TOS_PLUGIN,
+    CondaInstall,
+    CondaState,
+    CondaTos,
+    CondaTosState,
+)
+from p40fleet.facts.cuda import CudaInstall, CudaToolkit, NvccRelease
+from p40fleet.facts.cudnn import (
+    CudnnExtracted,
+    CudnnFile,
+    CudnnFiles,
+    CudnnHeaderVersion,
+    PathDevice,
+)
+from p40fleet.facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi, SmiGpu, SmiResult
+from p40fleet.facts.env import (
     ENV_OK,
     Dist,
     EnvDistributions,
@@ -45,16 +55,16 @@ from facts.env import (
     env_dir,
     env_python,
 )
-from facts.gpu import PciGpu, PciGpus
-from facts.home import UserFile, UserFileState
-from facts.host import KernelHeaders, KernelInfo
-from facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
-from facts.packages import DebInstalled
-from facts.run_lock import RunLock, RunLockState
-from facts.survey import key, part
-from facts.training import ModelConfig, StagedDir, StagedDirState
-from facts.verl import GitCheckout, GitState, VerlPatchCheck
-from operations import (
+from p40fleet.facts.gpu import PciGpu, PciGpus
+from p40fleet.facts.home import UserFile, UserFileState
+from p40fleet.facts.host import KernelHeaders, KernelInfo
+from p40fleet.facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
+from p40fleet.facts.packages import DebInstalled
+from p40fleet.facts.run_lock import RunLock, RunLockState
+from p40fleet.facts.survey import key, part
+from p40fleet.facts.training import ModelConfig, StagedDir, StagedDirState
+from p40fleet.facts.verl import GitCheckout, GitState, VerlPatchCheck
+from p40fleet.operations import (
     apex,
     apt_source,
     artifacts,
@@ -70,7 +80,10 @@ from operations import (
     training_user,
     verl,
 )
-from operations.run import survey
+from p40fleet.operations.run import survey
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.server import Groups, Users
+
 from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.gpu_catalog import lookup
 from p40fleet.privdrop import STAGE_DIR
@@ -402,7 +415,7 @@ def cases(spec: StackSpec) -> dict[str, list[tuple[Callable[..., Any], dict]]]:
 
 def declared(module: str, spec: StackSpec) -> set:
     """The survey keys ``operations.<module>`` declares for ``spec``."""
-    mod = importlib.import_module(f"operations.{module}")
+    mod = importlib.import_module(f"p40fleet.operations.{module}")
     if mod is run_lock:
         return set(run_lock.survey_parts(spec, DEFAULT_PATH))
     return set(mod.survey_parts(spec))
@@ -454,7 +467,7 @@ def test_every_module_that_declares_parts_is_in_the_survey():
     survey; every module of MODULES declares them, and the survey is their concatenation."""
     declaring = set()
     for path in sorted((REPO / "operations").glob("*.py")):
-        module = importlib.import_module(f"operations.{path.stem}")
+        module = importlib.import_module(f"p40fleet.operations.{path.stem}")
         if callable(getattr(module, "survey_parts", None)):
             declaring.add(module)
     assert declaring == {*survey.MODULES, run_lock}
@@ -487,7 +500,7 @@ def test_the_deploy_files_own_asks_are_in_the_survey():
 
     asked = set()
     for name in ("preflight", "system", "python", "training"):
-        tree = ast.parse((REPO / "deploy" / f"{name}.py").read_text())
+        tree = ast.parse((REPO / "p40fleet" / "deploys" / "steps" / f"{name}.py").read_text())
         for node in ast.walk(tree):
             if (
                 isinstance(node, ast.Call)

@@ -217,7 +217,8 @@ def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
     of the run, only every activated host failed or refused is ("No hosts remaining!")."""
     from types import SimpleNamespace
 
-    from operations.run import verification
+    from p40fleet.operations.run import verification
+
     from p40fleet.run_record import run_record
 
     class Host(SimpleNamespace):

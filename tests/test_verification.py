@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from p40fleet.facts.verify import VerifyProbe, render_probe
 
-from facts.verify import VerifyProbe, render_probe
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
@@ -307,9 +307,9 @@ def test_real_probe_asks_again_alone_when_an_import_kills_the_interpreter(tmp_pa
 
 
 def test_real_probe_does_not_ask_a_hanging_section_twice(tmp_path, monkeypatch):
-    import facts.verify
+    from p40fleet.facts import verify as verify_fact
 
-    monkeypatch.setattr(facts.verify, "PYTHON_TIMEOUT_S", 3)
+    monkeypatch.setattr(verify_fact, "PYTHON_TIMEOUT_S", 3)
     params = _fake_host(tmp_path)
     site = next(Path(params["python"]).parents[1].glob("lib/python3*/site-packages"))
     imports = tmp_path / "torch-imports"
@@ -375,8 +375,7 @@ def _write_launch_script(params: dict, plan, overrides) -> None:
     import shlex
 
     import jinja2
-
-    from operations.training import TEMPLATE
+    from p40fleet.operations.training import TEMPLATE
 
     q = shlex.quote
     values = plan.template_vars() | {
@@ -483,7 +482,8 @@ def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():
     """deploy/verify.py (the fact) and the run after the last operation probe the same targets,
     built once; they are hashable, and a stored plain copy (the fact batch's plan, JSON) renders
     the same probe."""
-    from operations.run.verification import probe_targets
+    from p40fleet.operations.run.verification import probe_targets
+
     from p40fleet.verl_patches import RECORD_NAME
 
     targets = probe_targets(SPEC, TARGET)

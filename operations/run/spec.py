@@ -2,7 +2,7 @@
 
 Use at the top of every deploy::
 
-    from operations.run.spec import validated_spec
+    from p40fleet.operations.run.spec import validated_spec
 
     spec = validated_spec()
     if spec is not None:
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import logging
 
+from p40fleet.operations import run_lock
+from p40fleet.operations.refuse import refuse_host, refused_hosts
 from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
 
-from operations import run_lock
-from operations.refuse import refuse_host, refused_hosts
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.run_mode import NO_WAIT_REMEDY, NO_WAIT_STEP, no_wait_refusal
 from p40fleet.run_record import run_record

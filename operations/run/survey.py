@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from facts.artifacts import ArtifactState
-from facts.cuda import CudaToolkit
-from facts.gpu import PciGpus
-from facts.host import Cpus, FreeSpace, LinuxDistribution, MemTotal
-from facts.survey import Part, part, survey
-from operations import (
+from p40fleet.facts.artifacts import ArtifactState
+from p40fleet.facts.cuda import CudaToolkit
+from p40fleet.facts.gpu import PciGpus
+from p40fleet.facts.host import Cpus, FreeSpace, LinuxDistribution, MemTotal
+from p40fleet.facts.survey import Part, part, survey
+from p40fleet.operations import (
     apex,
     apt_source,
     artifacts,
@@ -38,6 +38,7 @@ from operations import (
     training_user,
     verl,
 )
+
 from p40fleet.run_lock import DEFAULT_PATH
 from p40fleet.spec import ARTIFACTS, StackSpec
 

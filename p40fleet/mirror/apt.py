@@ -30,7 +30,6 @@ import os
 import posixpath
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -74,9 +73,6 @@ class Upstream:
 def deploy_packages(kernels: Sequence[str]) -> list[str]:
     """What the deploy installs with apt: the driver build's packages (operations.driver) and
     ``linux-headers-RELEASE`` for each kernel release."""
-    checkout = str(Path(__file__).resolve().parents[2])  # operations/ is not installed
-    if checkout not in sys.path:
-        sys.path.append(checkout)
     from p40fleet.footprint import BUILD_PACKAGES  # the one list operations.driver installs
 
     return [*BUILD_PACKAGES, *(f"linux-headers-{k}" for k in kernels)]

@@ -10,6 +10,8 @@ import, and through pyinfra's public hooks where one exists:
   connect by a ``BaseStateCallback.host_connect`` (so it holds after ``server.reboot``).
 - :mod:`~p40fleet.runtime.deploy_frames`: ``sys.modules`` entries for the exec'd deploy files,
   so ``inspect.getmodule`` answers pyinfra's stack walk from its cache.
+- :mod:`~p40fleet.runtime.included`: a layer's steps run under the operation-name prefix
+  ``local.include`` gave its file (``Host.deploy``), so the names stay as they were.
 - :mod:`~p40fleet.runtime.inventory`: the inventory read as pyinfra's CLI reads it
   (``pyinfra_cli.inventory``), in one place for the three CLIs that need it.
 - :mod:`~p40fleet.runtime.connector_args`: a host's connector arguments (pyinfra's

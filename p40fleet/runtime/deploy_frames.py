@@ -12,8 +12,8 @@ files still run only as pyinfra runs them.
 
 Adapts inspect (through ``sys.modules``, which ``inspect.getmodule`` scans); no pyinfra code is
 touched, and should pyinfra or CPython change, it silently stops helping and nothing breaks.
-``install()`` is called explicitly by ``deploy/preflight.py`` (which every deploy includes),
-never on import. Idempotent.
+``install_for(state)`` is called explicitly by the preflight's steps (which every deploy runs
+first) for the directory of the deploy file pyinfra runs, never on import. Idempotent.
 
 Checked against pyinfra 3.10.0 (``api/util.py`` ``get_operation_order_from_stack``, called from
 ``api/operation.py`` when ``pyinfra.is_cli``) and CPython 3.11 (``inspect.getmodule``'s
@@ -25,6 +25,10 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyinfra.api import State
 
 PREFIX = "p40fleet.runtime.deploy_frames."
 
@@ -46,3 +50,10 @@ def install(deploy_dir: Path) -> list[str]:
         sys.modules[name] = module
         added.append(name)
     return added
+
+
+def install_for(state: State) -> list[str]:
+    """Entries for the deploy files beside the one this pyinfra run executes (none outside the
+    CLI: an API run has no deploy file)."""
+    filename = state.current_deploy_filename
+    return install(Path(filename).parent) if filename else []

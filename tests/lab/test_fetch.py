@@ -21,7 +21,7 @@ CACHE = "/var/cache/p40fleet"
 HOST = "lab1"
 
 _DEPLOY = """\
-from operations.artifacts import fetch
+from p40fleet.operations.artifacts import fetch
 
 fetch(name="Fetch {name}", url={url!r}, sha256={sha!r}, dest_dir={cache!r}, filename={name!r},
       size={size})

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ from p40lab import httpd, mirror, runs
 pytestmark = pytest.mark.lab
 
 PROVISIONED = ("lab1", "lab2", "lab3")
+REPO = Path(__file__).resolve().parents[2]
 LAB_CONDA_LOCK = Path(__file__).resolve().parents[2] / "files" / "conda-env-lab.txt"
 ENV_PYTHON = "/home/verl/miniconda3/envs/verl-p40/bin/python"
 CUDNN_TAR = "cudnn-linux-x86_64-8.9.7.29_cuda11-archive.tar.xz"
@@ -293,6 +295,66 @@ def test_no_op_runs_send_at_most_three_commands_per_host(fleet):
     for deploys, counts in seen.items():
         for name in PROVISIONED:
             assert 1 <= counts.get(name, 0) <= 3, (deploys, counts)
+
+
+def test_another_repo_runs_the_installed_packaged_full_deploy_as_a_no_op(fleet, tmp_path):
+    """#28: an admin's own repo (its inventory, a deploy file calling
+    ``p40fleet.deploys.full()``) with p40fleet installed from its wheel, not this checkout:
+    the converged fleet stays converged, each operation under the deploy's name, and a no-op
+    run still sends at most three commands per host."""
+    import runpy
+
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", ".pytest_cache", "*.egg-info", "build"))  # fmt: skip
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels),
+                    str(src)], check=True, timeout=300)  # fmt: skip
+    (whl,) = wheels.glob("p40fleet-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(whl)],
+                   check=True, timeout=300)  # fmt: skip
+    repo = tmp_path / "their-repo"
+    repo.mkdir()
+    old = os.environ.get("P40LAB_SSH_USER")
+    os.environ.update(AS_ADMIN)
+    try:  # their inventory: the lab's hosts and data, written out as plain data
+        hosts = runpy.run_path(str(REPO / "inventories" / "sim.py"))["sim"]
+    finally:
+        os.environ.pop("P40LAB_SSH_USER") if old is None else os.environ.update(
+            P40LAB_SSH_USER=old)  # fmt: skip
+    (repo / "hosts.json").write_text(json.dumps(hosts))
+    (repo / "inventory.py").write_text(
+        "import json\nfleet = [tuple(h) for h in json.load(open('hosts.json'))]\n"
+    )
+    (repo / "deploy.py").write_text(
+        "import sys\nimport p40fleet.deploys\nfrom p40fleet.deploys import full\n"
+        "print('FROM', p40fleet.deploys.__file__, file=sys.stderr)\nfull()\n"
+    )
+    env = {**os.environ, **CONTROLLER_CACHE, "PYTHONPATH": str(site)}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", "inventory.py", "deploy.py", "--debug"],
+        cwd=repo, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, timeout=1800,
+    )  # fmt: skip
+    seconds = time.monotonic() - t0
+    out = proc.stdout
+    (where,) = [line.split()[1] for line in out.splitlines() if line.startswith("FROM ")][:1]
+    assert where.startswith(str(site)), where
+    connected, _changed, _unchanged, errors = runs.parse(out)
+    operations = runs.parse_operations(out)
+    counts = Counter(m["host"] for m in _COMMAND.finditer(out))
+    print(
+        f"another repo's full(): {seconds:.1f} s, {len(operations)} operations, "
+        f"commands per host {dict(sorted(counts.items()))}"
+    )
+    for name in PROVISIONED:
+        assert name in connected and not errors[name], out[-5000:]
+        assert [op for op, by in operations.items() if by.get(name) == "Success"] == [], name
+        assert f"[{name}] verify: PASS" in out, out[-5000:]
+        assert 1 <= counts.get(name, 0) <= 3, counts
+    assert operations and all(op.startswith("p40fleet full | ") for op in operations), operations
 
 
 def test_air_gapped_hosts_use_the_mirror_only_and_restore_its_apt_source(fleet):
@@ -676,7 +738,8 @@ def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
     import runpy
     import shlex
 
-    from operations.verl import patch_files
+    from p40fleet.operations.verl import patch_files
+
     from p40fleet.spec.load import deep_merge, load_spec
     from p40fleet.verl_patches import ruleset_json
 
