@@ -432,8 +432,9 @@ def test_user_file_fact_for_real(scratch):
 
 
 def test_the_deploys_call_only_the_walked_operations():
-    """deploy/ and the deploys' steps call no pyinfra operation of their own (files.*, server.*): a deploy
-    does on a host goes through operations/, which the walk above covers."""
+    """deploy/ and the deploys' steps call no pyinfra operation of their own (files.*,
+    server.*): whatever a deploy does on a host goes through operations/, which the walk above
+    covers."""
     steps = sorted((REPO / "p40fleet" / "deploys").rglob("*.py"))
     for path in [*sorted((REPO / "deploy").glob("*.py")), *steps]:
         code = "\n".join(line.split("#", 1)[0] for line in path.read_text().splitlines())

@@ -5,10 +5,11 @@
     full()  # with that repo's inventory: pyinfra INVENTORY deploy.py
 
 Each runs the same steps as the ``deploy/*.py`` entry point of the same name
-(``p40fleet/deploys/steps/<name>.py``); pyinfra names each of their operations
-``p40fleet <name> | <operation>``, a layer's as the entry point names it
-(``p40fleet full | deploy/system.py | Blacklist nouveau``). Each layer starts with the preflight's refusals, so a layer
-also runs alone (``system()`` after a reinstall, ``verify()`` on its own); ``full()`` runs
+(``p40fleet/deploys/steps/<name>.py``); pyinfra names their operations
+``p40fleet <name> | <operation>``, a layer's as the entry point names it:
+``p40fleet full | deploy/system.py | Blacklist nouveau``. Each layer starts with the
+preflight's refusals, so a layer also runs alone (``system()`` after a reinstall, ``verify()``
+on its own); ``full()`` runs
 preflight, system, python and training, then verify's checks once the last operation ran.
 Global arguments (``_sudo``, ``_if``, …) given to a function apply to all its operations.
 """
