@@ -603,6 +603,77 @@ def test_conda_explicit_lock_checks_every_file_as_conda_does(minicondas, tmp_pat
     assert r.returncode == 1 and "Could not parse explicit URL" in r.stderr
 
 
+def test_conda_double_replaces_its_files_never_writes_through_a_hard_link(minicondas, tmp_path):
+    """The package cache's archives, ``.condarc`` and the ToS records are new files renamed into
+    place (conda's download(): NAME.partial, then rename): another hard link of the old file,
+    as a lab clone has of its seed's, keeps the old bytes; a checksum mismatch keeps the old
+    archive."""
+    from p40lab.sim_stack import build_conda_channel, conda_lock_text
+
+    prefixes, host_py = minicondas
+    prefix = prefixes["25.5.1"]
+    root = tmp_path / "channel"
+    build_conda_channel(root, host_py)
+    channel = f"file://{root}"
+    lock = tmp_path / "lock.txt"
+    fn = f"python-{host_py}-h0_0_cpython.tar.bz2"
+    cached, seed = prefix / "pkgs" / fn, tmp_path / "seed"
+
+    def create() -> subprocess.CompletedProcess:
+        return conda(prefix, "create", "-n", "linked", "--file", str(lock), "-y",
+                     CONDA_PLUGINS_AUTO_ACCEPT_TOS="yes")  # fmt: skip
+
+    def old_file(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        seed.mkdir(exist_ok=True)
+        (seed / path.name).unlink(missing_ok=True)
+        path.write_bytes(data)
+        os.link(path, seed / path.name)
+
+    def untouched(path: Path, data: bytes) -> None:
+        assert (seed / path.name).read_bytes() == data
+        assert os.stat(seed / path.name).st_nlink == 1  # path is another inode now
+        assert not path.with_name(path.name + ".partial").exists()
+
+    # a wrong sum: the cached archive stays as it was, no partial file left
+    good = conda_lock_text(host_py, channel)
+    digest = good.split(f"{fn}#sha256:")[1][:64]
+    old_file(cached, b"old archive")
+    lock.write_text(good.replace(digest, "0" * 64))
+    r = create()
+    assert r.returncode == 1 and "ChecksumMismatchError" in r.stderr
+    assert cached.read_bytes() == b"old archive"
+    assert not cached.with_name(fn + ".partial").exists()
+    # the right sum: the new archive replaces the old one, the seed's link keeps the old bytes
+    lock.write_text(good)
+    r = create()
+    try:
+        assert r.returncode == 0, r.stderr
+        assert cached.read_bytes() == (root / "linux-64" / fn).read_bytes()
+        untouched(cached, b"old archive")
+    finally:
+        shutil.rmtree(prefix / "envs/linked", ignore_errors=True)
+    condarc = prefix / ".condarc"
+    old_file(condarc, b"channels:\n  - old\n")
+    try:
+        r = conda(prefix, "config", "--add", "channels", channel)
+        assert r.returncode == 0, r.stderr
+        assert f"  - {channel}\n" in condarc.read_text()
+        untouched(condarc, b"channels:\n  - old\n")
+    finally:
+        condarc.unlink()
+    tos = prefix / "conda-meta/tos" / "https_repo.anaconda.com_pkgs_main.json"
+    old_file(tos, b"{}")
+    try:
+        r = conda(prefix, "tos", "accept", "--override-channels", "--channel", DEFAULT_CHANNELS[0])
+        assert r.returncode == 0, r.stderr
+        assert '"tos_accepted": true' in tos.read_text()
+        untouched(tos, b"{}")
+    finally:
+        tos.unlink()
+
+
 def test_conda_25_5_1_needs_tos_accepted_on_defaults(minicondas, channel):
     prefixes, host_py = minicondas
     prefix = prefixes["25.5.1"]

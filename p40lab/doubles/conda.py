@@ -105,8 +105,17 @@ def write_condarc(data):
             lines += [f"  - {x}" for x in v]
         else:
             lines.append(f"{k}: {v}")
-    with open(CONDARC, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    replace_file(CONDARC, ("\n".join(lines) + "\n").encode())
+
+
+def replace_file(path, data):
+    """``path`` made a new file holding ``data``: written to ``path.partial`` beside it and
+    renamed over it, as conda's download() does (a write in place would go through every hard
+    link of the old file: a lab clone shares the seed's inodes)."""
+    partial = path + ".partial"
+    with open(partial, "wb") as f:
+        f.write(data)
+    os.replace(partial, path)
 
 
 def channels(cli_channels, override):
@@ -258,13 +267,14 @@ def fetch_explicit(lines, quiet):
             return None, http_error(url, e.code, str(e.reason).upper())
         except (OSError, ValueError):
             return None, http_error(url, "000", "CONNECTION FAILED")
-        with open(target, "wb") as f:
-            f.write(data)
+        # checked before it replaces the cached file: conda's partial download is removed on a
+        # mismatch and the old archive stays
         actual = hashlib.sha256(data).hexdigest()
         if sha256 and actual != sha256:
             return None, checksum_error(url, target, "sha256", sha256, actual)
         if md5 and hashlib.md5(data).hexdigest() != md5:
             return None, checksum_error(url, target, "md5", md5, hashlib.md5(data).hexdigest())
+        replace_file(target, data)
         got.append((fn, url, actual))
     return got, None
 
@@ -637,8 +647,7 @@ def cmd_tos(argv):
     if sub == "accept":
         os.makedirs(TOS_DIR, exist_ok=True)
         for u in urls:
-            with open(tos_file(u), "w") as f:
-                json.dump({"channel": u, "tos_accepted": True}, f)
+            replace_file(tos_file(u), json.dumps({"channel": u, "tos_accepted": True}).encode())
             out(f"accepted Terms of Service for {u}")
         return 0
     if sub in ("reject", "clean"):
