@@ -41,7 +41,7 @@ from p40fleet.facts.env import env_dir as conda_env_dir
 from p40fleet.facts.survey import Part, ask, part
 from p40fleet.operations.refuse import refuse_option_ref
 from p40fleet.operations.torch import pip_command
-from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as
+from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as, write_as
 from p40fleet.operations.util.progress import Stopwatch
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
@@ -517,9 +517,7 @@ def install(
         ),
     )
     yield as_user(user, StringCommand(QuoteString(python), "-c", QuoteString(verify)))
-    yield as_user(
-        user, StringCommand("printf '%s\\n'", QuoteString(key), ">", QuoteString(key_file))
-    )
+    yield write_as(user, key_file, key)
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:

@@ -543,8 +543,28 @@ def test_apex_install_no_deps_and_records_key():
     assert (
         "install --no-deps --force-reinstall /w/apex-wheel.tar.d/apex-*.whl" in result.commands[1]
     )
-    assert result.commands[-1] == f"printf '%s\\n' K > {ENV}/.p40fleet-apex-key"
+    assert result.commands[-1].startswith("printf '%s\\n' K | (")
+    assert f'mv -fT "$t" {ENV}/.p40fleet-apex-key;' in result.commands[-1]
     assert _install("K", {"apex": Dist("0.1")}, fresh_env=True).changed
+
+
+def test_apex_key_is_renamed_into_place_never_written_through_the_old_file(tmp_path):
+    """The recorded key is a new file: another hard link of the old one (a lab clone's seed
+    shares the env's inodes) keeps the old key, and no temporary file is left."""
+    env = tmp_path / "env"
+    env.mkdir()
+    key_file = env / ".p40fleet-apex-key"
+    key_file.write_text("OLD\n")
+    os.link(key_file, tmp_path / "seed-key")
+    result = run_op(
+        apex.install, python=PY, wheel_tar="/w/apex-wheel.tar", key="K", env_dir=str(env),
+        sha256_file="/var/cache/p40fleet/apex-K.sha256",
+        facts={MarkerText: "OLD", EnvDistributions: {"apex": Dist("0.1")}},
+    )  # fmt: skip
+    proc = subprocess.run(["sh", "-c", result.commands[-1]], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert key_file.read_text() == "K\n" and (tmp_path / "seed-key").read_text() == "OLD\n"
+    assert os.listdir(env) == [".p40fleet-apex-key"]
 
 
 def _put(local):

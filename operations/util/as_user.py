@@ -1,7 +1,8 @@
 """Commands run as the training user: root never acts inside that user's files.
 
 :func:`as_user` wraps a command in ``su``; :func:`mkdir_as` makes a directory as the user;
-:func:`put_as` writes a file under the user's home as the user (root stages it outside).
+:func:`put_as` writes a file under the user's home as the user (root stages it outside);
+:func:`write_as` writes a short text there (a marker) as the user.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pyinfra.facts.files import Directory
 
 from p40fleet.privdrop import STAGE_DIR, copy_in_script
 
-__all__ = ["as_user", "mkdir_as", "put_as"]
+__all__ = ["as_user", "mkdir_as", "put_as", "write_as"]
 
 
 def as_user(user: str | None, command: StringCommand) -> StringCommand:
@@ -59,4 +60,17 @@ def put_as(user: str, content: bytes | str, dest: str, mode: str = "644") -> Ite
     yield StringCommand(
         as_user(user, StringCommand(copy_in_script(dest, mode))),
         "<", QuoteString(staged), "; rc=$?; rm -f", QuoteString(staged), "; exit $rc",
+    )  # fmt: skip
+
+
+def write_as(user: str | None, dest: str, *lines: str, mode: str = "644") -> StringCommand:
+    """``dest`` (under the training user's home) made to hold ``lines``, one a line, written by
+    ``user``: ``printf`` into a temporary file beside it, renamed over it (a new inode: a write in
+    place would go through every hard link of the old file, as a lab clone shares its seed's)."""
+    return as_user(
+        user,
+        StringCommand(
+            "printf '%s\\n'", *(QuoteString(line) for line in lines),
+            "| (", copy_in_script(dest, mode), ")",
+        ),
     )  # fmt: skip
