@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,14 +33,15 @@ def pytest_cmd(marker: str, cache: str, extra: list[str]) -> list[str]:
             "-o", f"cache_dir=.pytest_cache/{cache}", *extra]  # fmt: skip
 
 
-def main(extra: list[str]) -> int:
-    from p40lab import base
-
-    base.build()  # no-op when current
+def side_by_side(lab_cmd: list[str], unit_cmd: list[str], build: Callable[[], object]) -> int:
+    """``build()``, then ``unit_cmd`` in the background (its output kept in a log) while
+    ``lab_cmd`` runs in the foreground; the log printed when both ended, then one line of both
+    exit codes and the wall time. Returns 0 only when both exited 0."""
+    build()
     t0 = time.monotonic()
     with tempfile.NamedTemporaryFile("w+", prefix="p40fleet-unit-tests.", suffix=".log") as log:
         unit = subprocess.Popen(
-            pytest_cmd("not lab", "unit", extra),
+            unit_cmd,
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -50,7 +52,7 @@ def main(extra: list[str]) -> int:
         waiter.start()
         print(f"side by side: unit tests (pid {unit.pid}) log to {log.name}", flush=True)
         try:
-            lab_rc = subprocess.call(pytest_cmd("lab", "lab", extra), cwd=ROOT)
+            lab_rc = subprocess.call(lab_cmd, cwd=ROOT)
         except BaseException:  # Ctrl-C: the unit session goes too
             unit.terminate()
             raise
@@ -66,6 +68,15 @@ def main(extra: list[str]) -> int:
         flush=True,
     )
     return 0 if lab_rc == unit_rc == 0 else 1
+
+
+def main(extra: list[str]) -> int:
+    from p40lab import base
+
+    # base.build is a no-op when the image is current
+    return side_by_side(
+        pytest_cmd("lab", "lab", extra), pytest_cmd("not lab", "unit", extra), base.build
+    )
 
 
 if __name__ == "__main__":
