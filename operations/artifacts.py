@@ -275,6 +275,27 @@ def _no_room(state: ArtifactFile, filename: str, dest_dir: str, size: int | None
     return True
 
 
+def _guard(
+    dest_dir: str, filename: str, sha256: str, size: int | None, verified: str, present: str
+) -> Iterator:
+    """The checks :func:`fetch` and :func:`push` make first: yield the refusal for an unsafe
+    cache or too little room; ``host.noop`` (its message ending in ``verified``) when the file
+    is there, verified; ``host.log`` (ending in ``present``) when a file is there untrusted.
+    Returns whether the operation stops here (``if (yield from _guard(...)): return``)."""
+    state = ask(host, ArtifactState, path=posixpath.join(dest_dir, filename))
+    if (yield from _unsafe_cache(state, filename, dest_dir)):
+        return True
+    if state.verified(sha256):
+        host.noop(f"{filename} is in {dest_dir}, verified (sha256 {sha256[:12]}…){verified}")
+        return True
+    if (yield from _no_room(state, filename, dest_dir, size)):
+        return True
+    if state.present:
+        why = state.untrusted or "no valid verified marker"
+        host.log(f"{filename}: {why}: {present}")
+    return False
+
+
 @operation()
 def fetch(
     url: str,
@@ -296,22 +317,8 @@ def fetch(
     """
     sha256 = sha256.lower()
     filename = filename or posixpath.basename(url.split("?", 1)[0])
-    path = posixpath.join(dest_dir, filename)
-    state = ask(host, ArtifactState, path=path)
-
-    if (yield from _unsafe_cache(state, filename, dest_dir)):
+    if (yield from _guard(dest_dir, filename, sha256, size, "", "checking its sha256 once")):
         return
-
-    if state.verified(sha256):
-        host.noop(f"{filename} is in {dest_dir}, verified (sha256 {sha256[:12]}…)")
-        return
-
-    if (yield from _no_room(state, filename, dest_dir, size)):
-        return
-
-    if state.present:
-        why = state.untrusted or "no valid verified marker"
-        host.log(f"{filename}: {why}: checking its sha256 once")
     yield streamed(
         download_command(url, sha256, dest_dir, filename, size, proxy), what=f"download {filename}"
     )
@@ -421,22 +428,9 @@ def push(
     root's 0700 staging dir with ``files.put``; the host checks its sha256, renames and marks it.
     """
     sha256 = sha256.lower()
-    path = posixpath.join(dest_dir, filename)
-    state = ask(host, ArtifactState, path=path)
-
-    if (yield from _unsafe_cache(state, filename, dest_dir)):
+    replaced = "replaced by the controller's verified copy"
+    if (yield from _guard(dest_dir, filename, sha256, size, ": not pushed", replaced)):
         return
-
-    if state.verified(sha256):
-        host.noop(f"{filename} is in {dest_dir}, verified (sha256 {sha256[:12]}…): not pushed")
-        return
-
-    if (yield from _no_room(state, filename, dest_dir, size)):
-        return
-
-    if state.present:
-        why = state.untrusted or "no valid verified marker"
-        host.log(f"{filename}: {why}: replaced by the controller's verified copy")
     local = controller_artifact(filename)
     staged = posixpath.join(push_dir(dest_dir), filename)
 

@@ -159,6 +159,43 @@ def test_unsafe_cache_and_too_little_room_refuse_before_any_fetch(controller):
     assert r.commands == ["function _fail"] and "not enough free space" in r.failures[0]
 
 
+def _guarded(op, state: ArtifactFile, free: int = 10**11):
+    """``op`` (fetch or push) of ``thing.run`` on a host whose cache holds ``state``."""
+    facts = absent_facts("thing.run") | {ArtifactState: state, FreeSpace: space(free)}
+    kw = {"url": f"{MIRROR}/thing.run", "sha256": SUM, "dest_dir": CACHE, "filename": "thing.run"}
+    return run_op(op, facts=facts, size=1000, **kw)
+
+
+def test_fetch_and_push_make_the_same_checks_first_each_in_its_own_words(controller):
+    """Unsafe cache, too little room: the same refusal; verified: a noop; there but untrusted:
+    a log line saying what the operation does about it."""
+    fetch, push = artifacts.fetch, artifacts.push
+    for state, free, why in (
+        (ArtifactFile(dir_uid=1000), 10**11, "is owned by uid 1000, not root"),
+        (
+            ArtifactFile(parent_problem="/var is group-writable"),
+            10**11,
+            "which root then runs (S7)",
+        ),
+        (ArtifactFile(), 10, "not enough free space for thing.run"),
+    ):
+        f, p = _guarded(fetch, state, free), _guarded(push, state, free)
+        assert f.commands == p.commands == ["function _fail"] and f.failures == p.failures
+        assert f.failures[0].startswith("host lab1: download thing.run: ")
+        assert why in f.failures[0]
+    good = ArtifactFile(size=10, mtime=5, marker_size=10, marker_mtime=5, marker_sha256=SUM)
+    verified = f"thing.run is in {CACHE}, verified (sha256 {SUM[:12]}…)"
+    assert _guarded(fetch, good).noops == [verified]
+    assert _guarded(push, good).noops == [verified + ": not pushed"]
+    assert controller == []
+    hand_copied = ArtifactFile(size=1000, mtime=5)  # no marker
+    untrusted = "thing.run: no valid verified marker: "
+    assert _guarded(fetch, hand_copied).logs == [untrusted + "checking its sha256 once"]
+    assert _guarded(push, hand_copied).logs == [
+        untrusted + "replaced by the controller's verified copy"
+    ]
+
+
 # --- the controller's copy: fetched once per run, sha256-checked before any upload ------------
 
 
