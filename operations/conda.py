@@ -28,7 +28,7 @@ from p40fleet.facts.conda import TOS_NO_CONDA, TOS_NO_PLUGIN, TOS_PLUGIN, CondaI
 from p40fleet.facts.env import ENV_OK, EnvPython, MarkerText, env_dir
 from p40fleet.facts.survey import Part, ask, part
 from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.as_user import as_user
+from p40fleet.operations.util.as_user import as_user, replace_text, write_as
 from pyinfra import host
 from pyinfra.api import Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
@@ -98,7 +98,7 @@ def condarc(prefix: str, channel: str, user: str | None = None):
     if (ask(host, MarkerText, path=path, user=user) or "") == text.strip():
         host.noop(f"{path} names only {channel}")
         return
-    yield as_user(user, StringCommand("printf '%s'", QuoteString(text), ">", QuoteString(path)))
+    yield write_as(user, path, *text.splitlines())
 
 
 @operation()
@@ -163,9 +163,7 @@ def conda_tos(
         )
         for channel in TOS_CHANNELS
     ]
-    record = StringCommand(
-        "printf '%s\\n'", *(QuoteString(c) for c in TOS_CHANNELS), ">", QuoteString(marker)
-    )
+    record = replace_text(marker, *TOS_CHANNELS)
     if not installed.healthy or tos.state == TOS_NO_CONDA:
         # Not installed (or broken) yet: the installer runs earlier in this deploy, so decide
         # on the host; a (re)install may also have reset conda's ToS state.
@@ -336,9 +334,7 @@ def env(
         ),
     ), proxy)  # fmt: skip
     marker = f"{env_dir(prefix, name)}/{LOCK_MARKER}"
-    yield as_user(
-        user, StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
-    )
+    yield write_as(user, marker, digest)
 
 
 def survey_parts(spec: StackSpec) -> list[Part]:

@@ -17,7 +17,7 @@ from p40fleet.facts.survey import Part, ask, part
 from p40fleet.facts.verl import GitCheckout, VerlPatchCheck
 from p40fleet.operations.refuse import refuse, refuse_option_ref
 from p40fleet.operations.torch import pip_command, same_version
-from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as
+from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as, write_as
 from p40fleet.operations.util.unchanged import same_file, same_user_file
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -277,9 +277,7 @@ def requirements(
             QuoteString(dest),
         ),
     ), proxy)  # fmt: skip
-    yield as_user(
-        user, StringCommand("printf '%s\\n'", QuoteString(digest), ">", QuoteString(marker))
-    )
+    yield write_as(user, marker, digest)
 
 
 @operation()

@@ -236,6 +236,22 @@ def test_condarc_written_once_as_the_user():
     assert not again.changed
 
 
+def test_condarc_is_a_new_file_never_written_through_a_hard_link(tmp_path):
+    """The .condarc is renamed into place: a hard link of the old one (a lab clone's seed
+    shares its inodes) keeps the old text; the new one holds condarc_text exactly."""
+    rc = tmp_path / ".condarc"
+    rc.write_text("channels:\n  - old\n")
+    os.link(rc, tmp_path / "seed-condarc")
+    old = {at(MarkerText, path=str(rc), user=None): "channels:\n  - old"}
+    result = run_op(conda.condarc, prefix=str(tmp_path), channel=CHANNEL, facts=old)
+    (command,) = result.commands
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert rc.read_text() == conda.condarc_text(CHANNEL)
+    assert (tmp_path / "seed-condarc").read_text() == "channels:\n  - old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".condarc", "seed-condarc"]
+
+
 @pytest.mark.parametrize("policy", ["accept", "conda-forge"])
 def test_no_tos_step_with_a_mirror_channel(policy):
     result = run_op(conda.conda_tos, prefix=PREFIX, policy=policy, mirror_channel=CHANNEL)

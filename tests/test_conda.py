@@ -21,6 +21,7 @@ from p40fleet.facts.env import (
     normalize_name,
 )
 from p40fleet.operations import conda
+from p40fleet.operations.util.as_user import replace_text
 from pyinfra.facts.files import Directory, File
 
 from p40fleet import condalock
@@ -126,10 +127,12 @@ ACCEPT = [
     f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/main",
     f"{PREFIX}/bin/conda tos accept --override-channels --channel https://repo.anaconda.com/pkgs/r",
 ]
-RECORD = (
-    "printf '%s\\n' https://repo.anaconda.com/pkgs/main https://repo.anaconda.com/pkgs/r > "
-    f"{PREFIX}/.p40fleet-conda-tos"
-)
+# the ToS record: a new file renamed into place (replace_text, run for real in test_apex and
+# below for the .condarc)
+RECORD = replace_text(
+    f"{PREFIX}/.p40fleet-conda-tos",
+    "https://repo.anaconda.com/pkgs/main", "https://repo.anaconda.com/pkgs/r",
+).get_raw_value()  # fmt: skip
 
 
 HEALTHY_25 = CondaState("healthy", "25.5.1")
@@ -225,7 +228,7 @@ CREATE = f"{PREFIX}/bin/conda create -n verl-p40 --file {LOCK_DEST} -y"
 
 
 def _record(digest):
-    return f"printf '%s\\n' {digest} > {MARKER}"
+    return replace_text(MARKER, digest).get_raw_value()
 
 
 def test_healthy_env_made_from_the_lock_kept():

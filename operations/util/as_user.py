@@ -2,7 +2,8 @@
 
 :func:`as_user` wraps a command in ``su``; :func:`mkdir_as` makes a directory as the user;
 :func:`put_as` writes a file under the user's home as the user (root stages it outside);
-:func:`write_as` writes a short text there (a marker) as the user.
+:func:`write_as` writes a short text there (a marker) as the user, a new file renamed into
+place (:func:`replace_text`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pyinfra.facts.files import Directory
 
 from p40fleet.privdrop import STAGE_DIR, copy_in_script
 
-__all__ = ["as_user", "mkdir_as", "put_as", "write_as"]
+__all__ = ["as_user", "mkdir_as", "put_as", "replace_text", "write_as"]
 
 
 def as_user(user: str | None, command: StringCommand) -> StringCommand:
@@ -63,14 +64,16 @@ def put_as(user: str, content: bytes | str, dest: str, mode: str = "644") -> Ite
     )  # fmt: skip
 
 
-def write_as(user: str | None, dest: str, *lines: str, mode: str = "644") -> StringCommand:
-    """``dest`` (under the training user's home) made to hold ``lines``, one a line, written by
-    ``user``: ``printf`` into a temporary file beside it, renamed over it (a new inode: a write in
-    place would go through every hard link of the old file, as a lab clone shares its seed's)."""
-    return as_user(
-        user,
-        StringCommand(
-            "printf '%s\\n'", *(QuoteString(line) for line in lines),
-            "| (", copy_in_script(dest, mode), ")",
-        ),
+def replace_text(dest: str, *lines: str, mode: str = "644") -> StringCommand:
+    """``dest`` made to hold ``lines``, one a line: ``printf`` into a temporary file beside it,
+    renamed over it (a new inode: a write in place would go through every hard link of the old
+    file, as a lab clone shares its seed's). Run it as the user (:func:`write_as`)."""
+    return StringCommand(
+        "printf '%s\\n'", *(QuoteString(line) for line in lines),
+        "| (", copy_in_script(dest, mode), ")",
     )  # fmt: skip
+
+
+def write_as(user: str | None, dest: str, *lines: str, mode: str = "644") -> StringCommand:
+    """:func:`replace_text` of ``dest`` (under the training user's home), run as ``user``."""
+    return as_user(user, replace_text(dest, *lines, mode=mode))
