@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import shlex
 
-from p40fleet.facts.survey import one_write
-from p40fleet.facts.verify import SIMULATED_HOST_TEST
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.facts.survey import one_write
+from p40fleet.facts.verify import SIMULATED_HOST_TEST
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.ray import TOKEN_FILE
 from p40fleet.verification import collective

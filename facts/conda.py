@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from p40fleet.facts.env import _MARK, _MISSING, _as
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+from p40fleet.facts.env import _MARK, _MISSING, _as
 from p40fleet.jsonable import ToJson
 
 __all__ = [

@@ -9,10 +9,10 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePosixPath
 
-from p40fleet.facts.verify import SIMULATED_HOST_TEST
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.facts.verify import SIMULATED_HOST_TEST
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.ray import GCS_NODES_PY, TOKEN_FILE, UNIT_NAME, UNIT_PATH, RayProbe, parse_probe
 

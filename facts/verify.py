@@ -9,10 +9,10 @@ header or :func:`p40fleet.verification.probe.parse_probe`.
 
 from __future__ import annotations
 
-from p40fleet.facts.survey import one_write
 from pyinfra.api import FactBase
 from typing_extensions import override
 
+from p40fleet.facts.survey import one_write
 from p40fleet.paths import FILES
 from p40fleet.privdrop import AS_USER_FN, FACT_TIMEOUT_S
 from p40fleet.shell_template import shell_template

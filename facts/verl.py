@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# one marker and one way to run as the training user for all of that user's facts
-from p40fleet.facts.env import _MARK, _MISSING, MarkerText, _as
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from typing_extensions import override
 
+# one marker and one way to run as the training user for all of that user's facts
+from p40fleet.facts.env import _MARK, _MISSING, MarkerText, _as
 from p40fleet.jsonable import ToJson
 
 __all__ = [

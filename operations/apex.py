@@ -36,13 +36,6 @@ import os
 import posixpath
 import shlex
 
-from p40fleet.facts.env import EnvDistributions, MarkerText, env_python
-from p40fleet.facts.env import env_dir as conda_env_dir
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.refuse import refuse_option_ref
-from p40fleet.operations.torch import pip_command
-from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as, write_as
-from p40fleet.operations.util.progress import Stopwatch
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
@@ -60,6 +53,13 @@ from p40fleet.apex_build import (
     recorded_sum,
     sha256_of,
 )
+from p40fleet.facts.env import EnvDistributions, MarkerText, env_python
+from p40fleet.facts.env import env_dir as conda_env_dir
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import refuse_option_ref
+from p40fleet.operations.torch import pip_command
+from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as, write_as
+from p40fleet.operations.util.progress import Stopwatch
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec

@@ -17,6 +17,10 @@ import os
 import posixpath
 from io import StringIO
 
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+
+from p40fleet import controller
 from p40fleet.facts.apt_source import (
     APT_DIR,
     ASIDE_DIR,
@@ -27,10 +31,6 @@ from p40fleet.facts.apt_source import (
 )
 from p40fleet.facts.survey import Part, ask, part
 from p40fleet.operations.util import apt_lock
-from pyinfra import host
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
-
-from p40fleet import controller
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec
 

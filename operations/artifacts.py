@@ -33,16 +33,16 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from p40fleet.facts.artifacts import ArtifactFile, ArtifactState, marker_path
-from p40fleet.facts.host import FreeSpace
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.progress import streamed
 from pyinfra import host
 from pyinfra.api import FunctionCommand, Host, QuoteString, State, StringCommand, operation
 from pyinfra.operations import files
 
 from p40fleet.artifact_push import PushError, controller_artifact, controller_copy
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState, marker_path
+from p40fleet.facts.host import FreeSpace
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.progress import streamed
 from p40fleet.proxy import shell_prefix
 from p40fleet.run_record import run_record
 from p40fleet.spec import ARTIFACTS, Proxy, StackSpec

@@ -24,16 +24,16 @@ from __future__ import annotations
 import posixpath
 from io import StringIO
 
-from p40fleet.facts.conda import TOS_NO_CONDA, TOS_NO_PLUGIN, TOS_PLUGIN, CondaInstall, CondaTos
-from p40fleet.facts.env import ENV_OK, EnvPython, MarkerText, env_dir
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.as_user import as_user, replace_text, write_as
 from pyinfra import host
 from pyinfra.api import Host, QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from p40fleet import condalock
+from p40fleet.facts.conda import TOS_NO_CONDA, TOS_NO_PLUGIN, TOS_PLUGIN, CondaInstall, CondaTos
+from p40fleet.facts.env import ENV_OK, EnvPython, MarkerText, env_dir
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.as_user import as_user, replace_text, write_as
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec
 

@@ -10,6 +10,11 @@ import posixpath
 import shlex
 
 from jinja2.ext import Extension
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import File, Link, Sha1File
+from pyinfra.operations import files
+
 from p40fleet.facts.cuda import CudaToolkit, GccMajor, NvccRelease
 from p40fleet.facts.host import FreeSpace
 from p40fleet.facts.survey import Part, ask, part
@@ -17,11 +22,6 @@ from p40fleet.operations.artifacts import format_bytes
 from p40fleet.operations.refuse import refuse
 from p40fleet.operations.util.progress import Stopwatch
 from p40fleet.operations.util.unchanged import rendered, same_file
-from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import File, Link, Sha1File
-from pyinfra.operations import files
-
 from p40fleet.paths import FILES
 from p40fleet.spec import StackSpec, cuda_release_of
 

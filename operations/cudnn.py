@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import posixpath
 
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
 from p40fleet.facts.artifacts import UnsafeParent
 from p40fleet.facts.cudnn import (
     CudnnExtracted,
@@ -20,9 +23,6 @@ from p40fleet.facts.cudnn import (
 from p40fleet.facts.survey import Part, ask, part
 from p40fleet.operations.artifacts import artifact_path, parent_remedy
 from p40fleet.operations.refuse import refuse
-from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
-
 from p40fleet.spec import StackSpec
 
 __all__ = ["extract", "extracted_dir", "link", "same_filesystem", "verify", "survey_parts"]

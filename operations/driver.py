@@ -6,20 +6,20 @@ Order: ``supported_gpus`` (before anything on the host changes) -> ``build_prere
 
 from __future__ import annotations
 
-from p40fleet.facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
-from p40fleet.facts.gpu import PciGpus
-from p40fleet.facts.host import KernelHeaders
-from p40fleet.facts.packages import DebInstalled
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations import run_lock
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util import apt_lock
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
+from p40fleet.facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
+from p40fleet.facts.gpu import PciGpus
+from p40fleet.facts.host import KernelHeaders
+from p40fleet.facts.packages import DebInstalled
+from p40fleet.facts.survey import Part, ask, part
 from p40fleet.footprint import BUILD_PACKAGES  # one list: the deploy, the footprint, the mirror
+from p40fleet.operations import run_lock
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util import apt_lock
 from p40fleet.profile import driver_branch, driver_supports
 from p40fleet.spec import Proxy, StackSpec
 

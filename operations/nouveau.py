@@ -6,15 +6,15 @@ initramfs is rebuilt (``update-initramfs -u``) and the host has rebooted.
 
 from __future__ import annotations
 
-from p40fleet.facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations import run_lock
-from p40fleet.operations.refuse import refuse
 from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
 
+from p40fleet.facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations import run_lock
+from p40fleet.operations.refuse import refuse
 from p40fleet.spec import StackSpec
 
 __all__ = ["BLACKLIST_FILE", "BLACKLIST_TEXT", "blacklist", "initramfs", "unloaded", "survey_parts"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from io import StringIO
 
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.util.unchanged import same_file
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import files
 
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.util.unchanged import same_file
 from p40fleet.proxy import PROXY_DIR, PROXY_FILE, file_text
 from p40fleet.run_record import run_record
 from p40fleet.spec import Proxy, StackSpec

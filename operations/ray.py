@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import hashlib
 
-from p40fleet.facts.ray import HasSystemd
-from p40fleet.facts.survey import ask
-from p40fleet.operations.proxy import root_secret
-from p40fleet.operations.refuse import refuse
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import files, systemd
 
+from p40fleet.facts.ray import HasSystemd
+from p40fleet.facts.survey import ask
+from p40fleet.operations.proxy import root_secret
+from p40fleet.operations.refuse import refuse
 from p40fleet.paths import FILES
 from p40fleet.ray import (
     TOKEN_DIR,

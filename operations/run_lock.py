@@ -25,14 +25,14 @@ import logging
 import os
 import socket
 
-from p40fleet.facts.run_lock import RunLock
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.refuse import record_refusals, refusal_message, say_when_dry
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.state import BaseStateCallback
 
 from p40fleet import controller, run_lock
+from p40fleet.facts.run_lock import RunLock
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import record_refusals, refusal_message, say_when_dry
 from p40fleet.run_lock import DEFAULT_PATH, Holder
 from p40fleet.run_record import run_record
 from p40fleet.runtime.connector_args import connector_arguments

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from io import StringIO
 
-from p40fleet.facts.env import EnvDistributions, env_python
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.as_user import as_user
 from packaging.version import InvalidVersion, Version
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.operations import files
 
 from p40fleet import hashlock
+from p40fleet.facts.env import EnvDistributions, env_python
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.as_user import as_user
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec
 

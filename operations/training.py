@@ -28,21 +28,21 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from p40fleet.facts.driver import NvidiaSmi
-from p40fleet.facts.gpu import PciGpus
-from p40fleet.facts.home import UserFile
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.facts.training import ModelConfig, StagedDir, StagedDirState
-from p40fleet.operations import artifacts
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.as_user import as_user, put_as
-from p40fleet.operations.util.unchanged import rendered, same_user_file
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Users
 
+from p40fleet.facts.driver import NvidiaSmi
+from p40fleet.facts.gpu import PciGpus
+from p40fleet.facts.home import UserFile
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.facts.training import ModelConfig, StagedDir, StagedDirState
 from p40fleet.launch import ClusterShape, LaunchError, LaunchPlan, plan_launch
+from p40fleet.operations import artifacts
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.as_user import as_user, put_as
+from p40fleet.operations.util.unchanged import rendered, same_user_file
 from p40fleet.paths import FILES
 from p40fleet.spec import StackSpec
 from p40fleet.training import (

@@ -7,16 +7,16 @@ as is (``useradd -M``): never recreated from the skeleton, never wiped.
 
 from __future__ import annotations
 
-from p40fleet.facts.survey import Part, ask, part
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.as_user import as_user
-from p40fleet.operations.util.unchanged import same_dir
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import Directory
 from pyinfra.facts.server import Groups, Users
 from pyinfra.operations import files, server
 
+from p40fleet.facts.survey import Part, ask, part
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.as_user import as_user
+from p40fleet.operations.util.unchanged import same_dir
 from p40fleet.run_record import run_record
 from p40fleet.spec import StackSpec
 

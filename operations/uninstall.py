@@ -19,21 +19,21 @@ from __future__ import annotations
 
 import posixpath
 
-from p40fleet.facts.apt_source import ASIDE_DIR, AptSources, aside_origin
-from p40fleet.facts.driver import InstalledDriverVersion
-from p40fleet.facts.footprint import PathKinds
-from p40fleet.facts.nouveau import FileStampFact
-from p40fleet.facts.survey import ask
-from p40fleet.operations import ray
-from p40fleet.operations.refuse import refuse
-from p40fleet.operations.util.as_user import as_user
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File, Link
 from pyinfra.facts.server import Groups, Users, Which
 
 from p40fleet import footprint
+from p40fleet.facts.apt_source import ASIDE_DIR, AptSources, aside_origin
+from p40fleet.facts.driver import InstalledDriverVersion
+from p40fleet.facts.footprint import PathKinds
+from p40fleet.facts.nouveau import FileStampFact
+from p40fleet.facts.survey import ask
 from p40fleet.footprint import BLACKLIST_FILE, MIRROR_KEYS, MIRROR_LIST, Item
+from p40fleet.operations import ray
+from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.as_user import as_user
 from p40fleet.ray import UNIT_NAME, UNIT_PATH
 from p40fleet.spec import StackSpec
 

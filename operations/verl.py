@@ -10,6 +10,12 @@ from __future__ import annotations
 import hashlib
 import posixpath
 
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.files import Directory
+from pyinfra.operations import files
+
+from p40fleet import verl_patches
 from p40fleet.facts.env import EnvDistributions, MarkerText, env_python
 from p40fleet.facts.env import env_dir as conda_env_dir
 from p40fleet.facts.home import UserFile
@@ -19,12 +25,6 @@ from p40fleet.operations.refuse import refuse, refuse_option_ref
 from p40fleet.operations.torch import pip_command, same_version
 from p40fleet.operations.util.as_user import as_user, mkdir_as, put_as, write_as
 from p40fleet.operations.util.unchanged import same_file, same_user_file
-from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import Directory
-from pyinfra.operations import files
-
-from p40fleet import verl_patches
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec
 from p40fleet.verl_patches import APPLIER_PATH

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from p40fleet.facts.gpu import PciGpu
-
 from p40fleet.gpu_catalog import lookup
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget

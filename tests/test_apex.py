@@ -14,15 +14,15 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
-from p40fleet.facts.env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
-from p40fleet.facts.gpu import PciGpu, PciGpus
-from p40fleet.operations import apex, conda
-from p40fleet.operations.run import apex_fleet
 from pyinfra.api import State
 from pyinfra.facts.files import Directory, File
 
 from p40fleet import apex_build, preflight
+from p40fleet.facts.env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
+from p40fleet.facts.gpu import PciGpu, PciGpus
 from p40fleet.gpu_catalog import lookup
+from p40fleet.operations import apex, conda
+from p40fleet.operations.run import apex_fleet
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.spec import SpecError, load_spec
 from tests.opharness import run_op

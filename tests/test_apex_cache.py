@@ -20,11 +20,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from p40fleet.operations import apex
-from p40fleet.operations.run import apex_fleet
 from pyinfra.facts.files import Directory, File
 
 from p40fleet import apex_build, apex_cache, controller
+from p40fleet.operations import apex
+from p40fleet.operations.run import apex_fleet
 from tests.opharness import run_op
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from pyinfra.api import FunctionCommand
+from pyinfra.facts.deb import DebPackages
+
 from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.host import KernelHeaders, KernelInfo
 from p40fleet.facts.packages import DebInstalled
 from p40fleet.operations import apt_source, driver
 from p40fleet.operations.util import apt_lock
-from pyinfra.api import FunctionCommand
-from pyinfra.facts.deb import DebPackages
-
 from tests.opharness import at, run_op
 
 REPO = Path(__file__).resolve().parent.parent

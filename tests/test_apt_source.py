@@ -10,10 +10,10 @@ from email.utils import formatdate
 from pathlib import Path
 
 import pytest
+
 from p40fleet.facts.apt_source import MIRROR_LIST, AptSources, AptSourceState
 from p40fleet.facts.env import MarkerText
 from p40fleet.operations import apt_source, conda
-
 from tests.opharness import at, run_op
 from tests.test_apt_lock import apt_commands
 

@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
-from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
-from p40fleet.operations import artifacts
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir
 
 from p40fleet import artifact_push
 from p40fleet.artifact_push import PushError, controller_artifact, controller_copy
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
+from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
 from p40fleet.mirror import fetch as mirror_fetch
+from p40fleet.operations import artifacts
 from p40fleet.spec import load_spec
 from tests.opharness import at, make_host, run_op
 

@@ -7,10 +7,10 @@ import os
 import subprocess
 
 import pytest
+
 from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
 from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
 from p40fleet.operations import artifacts
-
 from p40fleet.spec import load_spec
 from tests.opharness import MissingFact, at, run_op
 
@@ -579,8 +579,9 @@ def test_fact_reads_owner_and_mode_of_dir_file_and_marker(tmp_path):
 
 
 def test_streamed_step_prints_output_and_keeps_the_operations_sudo():
-    from p40fleet.operations.util import progress
     from pyinfra.api import StringCommand
+
+    from p40fleet.operations.util import progress
 
     calls, logs = [], []
 

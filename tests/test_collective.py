@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.collective import CollectiveRunFact, render_collective
 
 from p40fleet import verify_cli
+from p40fleet.facts.collective import CollectiveRunFact, render_collective
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.ray import TOKEN_FILE
 from p40fleet.spec import SpecError, load_spec

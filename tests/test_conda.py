@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from pyinfra.facts.files import Directory, File
+
+from p40fleet import condalock
 from p40fleet.facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
 from p40fleet.facts.env import (
     EnvDistributions,
@@ -22,9 +25,6 @@ from p40fleet.facts.env import (
 )
 from p40fleet.operations import conda
 from p40fleet.operations.util.as_user import replace_text
-from pyinfra.facts.files import Directory, File
-
-from p40fleet import condalock
 from tests.opharness import at, run_op
 from tests.pylayer import ME, PREFIX
 from tests.pylayer import sh as _sh

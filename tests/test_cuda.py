@@ -7,12 +7,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.cuda import CudaInstall, CudaToolkit, GccMajor, NvccRelease
-from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
-from p40fleet.operations import cuda
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import TmpDir
 
+from p40fleet.facts.cuda import CudaInstall, CudaToolkit, GccMajor, NvccRelease
+from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
+from p40fleet.operations import cuda
 from p40fleet.spec import load_spec
 from tests.opharness import at, run_op
 from tests.probe_answers import checks_for, only_failures, sections

@@ -15,7 +15,6 @@ from p40fleet.facts.cudnn import (
     PathDevice,
 )
 from p40fleet.operations import cudnn
-
 from tests.opharness import at, run_op
 from tests.probe_answers import checks_for, only_failures, sections
 

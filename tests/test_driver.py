@@ -6,6 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pyinfra.facts.apt import AptSources
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import Which
+
 from p40fleet.facts.driver import (
     SMI_FIELDS,
     SMI_FIELDS_R470,
@@ -19,12 +23,8 @@ from p40fleet.facts.driver import (
 from p40fleet.facts.gpu import PciGpu, PciGpus
 from p40fleet.facts.host import KernelHeaders, KernelInfo
 from p40fleet.facts.packages import DebInstalled
-from p40fleet.operations import driver
-from pyinfra.facts.apt import AptSources
-from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Which
-
 from p40fleet.gpu_catalog import lookup
+from p40fleet.operations import driver
 from p40fleet.verification.check import FAIL, PASS
 from tests.opharness import at, run_op
 from tests.probe_answers import KERNEL, checks_for, only_failures, sections, smi_row

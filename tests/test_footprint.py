@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from p40fleet.facts import apt_source as apt_facts
-from p40fleet.operations import apt_source, cuda, driver, nouveau, uninstall
 
 from p40fleet import footprint
+from p40fleet.facts import apt_source as apt_facts
+from p40fleet.operations import apt_source, cuda, driver, nouveau, uninstall
 from p40fleet.spec import StackSpec, load_spec
 from p40fleet.spec.errors import SpecError
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from p40fleet.facts.driver import InstalledDriverVersion, LoadedDriverVersion, NvidiaSmi
 from p40fleet.facts.gpu import PCI_NAME_MARKER, PciGpus
 from p40fleet.facts.nouveau import NouveauLoaded
-
 from p40fleet.gpu_catalog import lookup, normalize_bus_id
 from p40fleet.profile import summarize_host
 from p40fleet.verification.check import FAIL, PASS

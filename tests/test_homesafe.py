@@ -17,19 +17,19 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
-from p40fleet.facts.footprint import PathKinds
-from p40fleet.facts.home import UserFile, UserFileState
-from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
-from p40fleet.facts.training import StagedDir, StagedDirState
-from p40fleet.operations import training, training_user
-from p40fleet.operations.util import as_user
 from pyinfra.api import FileDownloadCommand, FileUploadCommand, StringCommand
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Users
 
 from p40fleet import apex_build, verl_patches
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
+from p40fleet.facts.footprint import PathKinds
+from p40fleet.facts.home import UserFile, UserFileState
+from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
+from p40fleet.facts.training import StagedDir, StagedDirState
 from p40fleet.launch import plan_launch
+from p40fleet.operations import training, training_user
+from p40fleet.operations.util import as_user
 from p40fleet.privdrop import STAGE_DIR, copy_in_script
 from p40fleet.spec import load_spec
 from p40lab import training_data
@@ -389,8 +389,9 @@ def test_the_survey_reads_no_file_under_the_home_as_root():
     """The guards' answers come from the survey (one command on a no-op run): every part that
     reads a file's content under the home is the user's ``UserFile``, never root's
     ``File``/``Sha1File`` (which follow a planted link and hang on a FIFO)."""
-    from p40fleet.operations.run.survey import layer_parts
     from pyinfra.facts.files import Sha1File
+
+    from p40fleet.operations.run.survey import layer_parts
 
     parts = layer_parts(SPEC)
     for cls, kwargs in parts:

@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
-from p40fleet.operations.run import verification
 from pyinfra.api import Config, Inventory, State, StringCommand
 from pyinfra.connectors.util import CommandOutput, make_unix_command
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
+from p40fleet.operations.run import verification
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 

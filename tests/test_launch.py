@@ -11,14 +11,14 @@ import shlex
 import subprocess
 
 import pytest
-from p40fleet.facts.home import UserFile, UserFileState
-from p40fleet.operations.training import SCRIPT_NAME, write_launch_script
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import TmpDir, Users
 
 from p40fleet import launch
 from p40fleet import verl_patches as vp
+from p40fleet.facts.home import UserFile, UserFileState
 from p40fleet.launch import LaunchError, plan_launch, profile_overrides, size_for
+from p40fleet.operations.training import SCRIPT_NAME, write_launch_script
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.spec import SpecError, load_spec
 from tests.opharness import at, run_op

@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.driver import NvidiaSmi
-from p40fleet.facts.packages import DebInstalled
 from pyinfra.api import FactBase
 from pyinfra_cli.util import json_encode
 
 from p40fleet import facts, report
+from p40fleet.facts.driver import NvidiaSmi
+from p40fleet.facts.packages import DebInstalled
 from p40fleet.jsonable import ToJson
 
 REPO = Path(__file__).resolve().parent.parent

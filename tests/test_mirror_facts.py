@@ -7,6 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+
 from p40fleet.facts.mirror import UrlHead
 
 # What curl 7.68 prints for this fact's command (-D - headers, then the -w line) when a

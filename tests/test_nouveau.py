@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from p40fleet.facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
-from p40fleet.operations import nouveau
 from pyinfra.facts.server import Which
 
+from p40fleet.facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
+from p40fleet.operations import nouveau
 from tests.opharness import at, run_op
 from tests.probe_answers import KERNEL, checks_for, only_failures, sections
 

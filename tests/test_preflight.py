@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from p40fleet.operations.refuse import refusal_message
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,15 +17,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from pyinfra.api import FactBase
+from pyinfra.facts.files import Directory
+from pyinfra.facts.server import Users
+
 from p40fleet.facts.collective import CollectiveRunFact, CollectiveTargets
 from p40fleet.facts.env import EnvPython
 from p40fleet.facts.smoke import ClusterSmokeStep, ClusterSmokeTargets, SmokeStep, SmokeTargets
 from p40fleet.facts.verify import VerifyProbe, render_probe
 from p40fleet.operations import apex, conda, torch, training, training_user, verl
-from pyinfra.api import FactBase
-from pyinfra.facts.files import Directory
-from pyinfra.facts.server import Users
-
 from p40fleet.privdrop import AS_USER_FN, as_user_script
 from p40fleet.spec import load_spec
 from p40fleet.verification.probe import ProbeTargets
@@ -434,9 +434,8 @@ def _flooders(base: Path, cls: type[FactBase]) -> dict:
 def test_a_user_program_that_floods_and_holds_the_pipe_is_cut_and_ended(open_tmp, monkeypatch):
     """S19/N6 for real, walking every fact that runs a user program: its 50 MB come back cut
     to ``ASK_LIMIT`` bytes, and the child it leaves holding stdout does not hold the fact."""
-    from p40fleet.facts.ray import RayStatus
-
     from p40fleet import privdrop
+    from p40fleet.facts.ray import RayStatus
     from p40fleet.ray import UNIT_PATH
 
     _needs_root_and_nobody()
@@ -487,13 +486,13 @@ def test_a_pth_cannot_forge_root_parts_flood_or_hang_the_survey(open_tmp, monkey
     stdout. Part 0 keeps root's answer; EnvPython answers (broken: ended) within the bound."""
     import time
 
-    from p40fleet.facts import survey as sv
-    from p40fleet.facts.host import MemTotal
     from pyinfra.api import Config, Inventory, State
     from pyinfra.api.connect import connect_all
     from pyinfra.api.state import StateStage
 
     from p40fleet import privdrop
+    from p40fleet.facts import survey as sv
+    from p40fleet.facts.host import MemTotal
 
     _needs_root_and_nobody()
     monkeypatch.setattr(privdrop, "FACT_TIMEOUT_S", 4, raising=False)  # the child: 20 s
@@ -567,7 +566,6 @@ def test_ray_status_over_a_fifo_log_answers_at_once(open_tmp):
     """N6: Ray's temp dir is 0777; a FIFO planted as raylet.out is not read (as the user, a
     regular file only): the fact answers without a node id, at once."""
     from p40fleet.facts.ray import RayStatus
-
     from p40fleet.ray import UNIT_PATH
 
     _needs_root_and_nobody()

@@ -3,12 +3,12 @@ they took; the Stopwatch steps run for real against a fake host."""
 
 from __future__ import annotations
 
+from pyinfra.api import FunctionCommand, StringCommand
+
 from p40fleet.facts.cuda import CudaInstall, CudaToolkit, GccMajor
 from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
 from p40fleet.operations import apex, cuda
 from p40fleet.operations.util import progress
-from pyinfra.api import FunctionCommand, StringCommand
-
 from tests.opharness import at, run_op
 
 TMP = "/var/cache/p40fleet"

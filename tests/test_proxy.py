@@ -8,6 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api import StringCommand
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.server import Which
+
+from p40fleet import proxy
 from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
 from p40fleet.facts.env import EnvPython, EnvPythonState
@@ -16,11 +21,6 @@ from p40fleet.facts.mirror import UrlHead
 from p40fleet.facts.verl import GitCheckout, GitState
 from p40fleet.operations import apex, apt_source, artifacts, conda, driver, torch, verl
 from p40fleet.operations import proxy as proxy_op
-from pyinfra.api import StringCommand
-from pyinfra.facts.files import File, Sha1File
-from pyinfra.facts.server import Which
-
-from p40fleet import proxy
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.spec import Proxy, SpecError, load_spec
 from p40fleet.spec.proxy import redact

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from p40fleet.facts.gpu import PciGpu, PciGpus
-from p40fleet.operations import apex, artifacts, conda, refuse, torch, training_user, verl
-from p40fleet.operations.run import apex_fleet
 from pyinfra.context import ctx_host, ctx_state
 
 from p40fleet import preflight
 from p40fleet.deploys.steps import preflight as preflight_steps
 from p40fleet.deploys.steps import python as python_steps
+from p40fleet.facts.gpu import PciGpu, PciGpus
 from p40fleet.gpu_catalog import lookup
+from p40fleet.operations import apex, artifacts, conda, refuse, torch, training_user, verl
+from p40fleet.operations.run import apex_fleet
 from p40fleet.spec import load_spec
 from tests.opharness import make_host
 

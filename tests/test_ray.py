@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.ray import HasSystemd, RayStatus
 
+from p40fleet.facts.ray import HasSystemd, RayStatus
 from p40fleet.ray import (
     RAY_START_NO_CLIENT,
     TOKEN_FILE,

@@ -6,14 +6,14 @@ import hashlib
 import json
 
 import pytest
-from p40fleet.facts.gpu import PciGpus
-from p40fleet.facts.ray import HasSystemd
-from p40fleet.operations import ray
 from pyinfra.api import State
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import TmpDir
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from p40fleet.facts.gpu import PciGpus
+from p40fleet.facts.ray import HasSystemd
+from p40fleet.operations import ray
 from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH, cluster_token, plan_ray
 from p40fleet.spec import load_spec
 from tests.opharness import run_op
@@ -161,7 +161,6 @@ class _Member:
 
     def __init__(self, name: str, devices: list[int]):
         from p40fleet.facts.gpu import PciGpu
-
         from p40fleet.gpu_catalog import lookup
 
         self.name = name
@@ -391,7 +390,6 @@ def test_the_collective_runs_on_the_head_over_the_training_nodes(fleet, monkeypa
     Ray addresses, rank order = the plan's), the rendezvous on the head's address and the
     pinned port; another member adds nothing; a run without the head says where it runs."""
     from p40fleet.facts.collective import CollectiveRunFact
-
     from p40fleet.verification import collective
 
     two = {"lab1": [P40] * 2, "lab2": [P40] * 2, "lab3": [P100]}  # 2 nodes x 2 P40 train
@@ -434,7 +432,6 @@ def test_the_head_runs_one_step_over_the_clusters_plan(fleet, monkeypatch):
     own checks passed; a head whose own step or Ray check failed SKIPs it; another member and a
     fleet that trains on one node add nothing."""
     from p40fleet.facts.smoke import ClusterSmokeStep
-
     from p40fleet.verification import smoke
     from p40fleet.verification.check import PASS, SIM_DATA, Check
 

@@ -171,7 +171,6 @@ def test_all_pass_table():
 
 def _p40(bus: str, device: int = 0x1B38, name: str | None = None):
     from p40fleet.facts.gpu import PciGpu
-
     from p40fleet.gpu_catalog import resolve
 
     return PciGpu(bus, 0x10DE, device, 0x030200, 0x10DE, 0x11D9, resolve(device, name), name)

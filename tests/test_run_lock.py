@@ -15,10 +15,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.run_lock import RunLock, RunLockState
-from p40fleet.operations import run_lock as op
 
 from p40fleet import controller, run_lock
+from p40fleet.facts.run_lock import RunLock, RunLockState
+from p40fleet.operations import run_lock as op
 from p40fleet.run_lock import BOOT_GRACE_S, MAX_AGE_S, Holder
 from p40fleet.run_record import run_record
 from tests.opharness import run_op

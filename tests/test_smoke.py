@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from p40fleet import verify_cli
+from p40fleet import verl_patches as vp
 from p40fleet.facts.smoke import (
     RAY_PORT,
     ClusterSmokeTargets,
@@ -23,9 +26,6 @@ from p40fleet.facts.smoke import (
     render_job,
     render_smoke,
 )
-
-from p40fleet import verify_cli
-from p40fleet import verl_patches as vp
 from p40fleet.launch import plan_launch
 from p40fleet.spec import load_spec
 from p40fleet.verification import smoke, smoke_script

@@ -9,9 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from p40fleet.facts import survey as memo
-from p40fleet.facts.cudnn import PathDevice
-from p40fleet.facts.host import LinuxDistribution, MemTotal
 from pyinfra import host
 from pyinfra.api import Config, FactBase, Inventory, State, operation
 from pyinfra.api.connect import connect_all
@@ -20,6 +17,10 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 from pyinfra.facts.server import Which
 from pyinfra.operations import server
+
+from p40fleet.facts import survey as memo
+from p40fleet.facts.cudnn import PathDevice
+from p40fleet.facts.host import LinuxDistribution, MemTotal
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -26,6 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyinfra.facts.files import Directory, File, Link, Sha1File
+from pyinfra.facts.server import Groups, Users
+
+from p40fleet import apex_build, preflight, verl_patches
 from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.artifacts import ArtifactFile, ArtifactState, UnsafeParent
 from p40fleet.facts.conda import (
@@ -64,6 +68,7 @@ from p40fleet.facts.run_lock import RunLock, RunLockState
 from p40fleet.facts.survey import key, part
 from p40fleet.facts.training import ModelConfig, StagedDir, StagedDirState
 from p40fleet.facts.verl import GitCheckout, GitState, VerlPatchCheck
+from p40fleet.gpu_catalog import lookup
 from p40fleet.operations import (
     apex,
     apt_source,
@@ -81,11 +86,6 @@ from p40fleet.operations import (
     verl,
 )
 from p40fleet.operations.run import survey
-from pyinfra.facts.files import Directory, File, Link, Sha1File
-from pyinfra.facts.server import Groups, Users
-
-from p40fleet import apex_build, preflight, verl_patches
-from p40fleet.gpu_catalog import lookup
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import PROXY_FILE
 from p40fleet.run_lock import DEFAULT_PATH

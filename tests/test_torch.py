@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 
+from p40fleet import hashlock
 from p40fleet.facts.env import Dist, EnvDistributions
 from p40fleet.operations import torch
-
-from p40fleet import hashlock
 from p40fleet.verification.check import PASS, SKIP
 from tests.opharness import run_op
 from tests.probe_answers import checks_for, only_failures, p40, sections

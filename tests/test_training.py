@@ -11,14 +11,14 @@ import subprocess
 from dataclasses import replace
 
 import pytest
-from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
-from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
-from p40fleet.facts.training import ModelConfig, StagedDir, StagedDirState
-from p40fleet.operations import training, training_user
 from pyinfra.facts.files import Directory, File
 from pyinfra.facts.server import Groups, Os, Users, Which
 
+from p40fleet.facts.artifacts import ArtifactFile, ArtifactState
+from p40fleet.facts.host import FreeSpace, FreeSpaceInfo
+from p40fleet.facts.training import ModelConfig, StagedDir, StagedDirState
 from p40fleet.launch import LaunchError, plan_launch
+from p40fleet.operations import training, training_user
 from p40fleet.spec import load_spec
 from p40fleet.training import MARKER, TrainingTarget
 from p40fleet.verification.check import FAIL, SKIP
@@ -253,7 +253,6 @@ def test_a_host_without_a_plan_is_refused():
 def test_the_hosts_plan_is_made_from_its_own_facts():
     """``host_plan`` / ``training_target`` with pyinfra's ``host`` (a context proxy)."""
     from p40fleet.facts.gpu import PciGpus
-
     from tests.probe_answers import p40
 
     targets = []

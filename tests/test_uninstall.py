@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from p40fleet.facts.apt_source import AptSources, AptSourceState
-from p40fleet.facts.driver import InstalledDriverVersion
-from p40fleet.facts.footprint import PathKinds
-from p40fleet.facts.nouveau import FileStamp, FileStampFact
-from p40fleet.operations import uninstall
 from pyinfra.facts.files import File, Link
 from pyinfra.facts.server import Groups, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from p40fleet.facts.apt_source import AptSources, AptSourceState
+from p40fleet.facts.driver import InstalledDriverVersion
+from p40fleet.facts.footprint import PathKinds
+from p40fleet.facts.nouveau import FileStamp, FileStampFact
 from p40fleet.footprint import BLACKLIST_FILE, MIRROR_LIST
+from p40fleet.operations import uninstall
 from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH
 from tests.opharness import at, run_op
 

@@ -218,7 +218,6 @@ def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
     from types import SimpleNamespace
 
     from p40fleet.operations.run import verification
-
     from p40fleet.run_record import run_record
 
     class Host(SimpleNamespace):

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.verify import VerifyProbe, render_probe
 
+from p40fleet.facts.verify import VerifyProbe, render_probe
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict, spec_failure
@@ -375,6 +375,7 @@ def _write_launch_script(params: dict, plan, overrides) -> None:
     import shlex
 
     import jinja2
+
     from p40fleet.operations.training import TEMPLATE
 
     q = shlex.quote
@@ -483,7 +484,6 @@ def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():
     built once; they are hashable, and a stored plain copy (the fact batch's plan, JSON) renders
     the same probe."""
     from p40fleet.operations.run.verification import probe_targets
-
     from p40fleet.verl_patches import RECORD_NAME
 
     targets = probe_targets(SPEC, TARGET)

@@ -11,12 +11,12 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
-from p40fleet.facts.env import Dist, EnvDistributions, MarkerText
-from p40fleet.facts.verl import GitCheckout, GitState, VerlPatchCheck
-from p40fleet.operations import apex, verl
 from pyinfra.facts.files import File
 
 from p40fleet import verl_patches
+from p40fleet.facts.env import Dist, EnvDistributions, MarkerText
+from p40fleet.facts.verl import GitCheckout, GitState, VerlPatchCheck
+from p40fleet.operations import apex, verl
 from p40fleet.verification.check import FAIL
 from tests.opharness import run_op
 from tests.probe_answers import PASCAL_RULES, PATCHED, SHA, checks_for, only_failures, sections

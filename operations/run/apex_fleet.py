@@ -18,16 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pyinfra import logger
+from pyinfra.api import Host, State
+
+from p40fleet import apex_build, apex_cache, preflight
 from p40fleet.facts.env import env_dir, env_python
 from p40fleet.facts.gpu import PciGpus
 from p40fleet.facts.survey import ask
 from p40fleet.operations import apex, conda
 from p40fleet.operations.refuse import dry_run
 from p40fleet.operations.run.survey import survey_host
-from pyinfra import logger
-from pyinfra.api import Host, State
-
-from p40fleet import apex_build, apex_cache, preflight
 from p40fleet.run_record import run_record
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
 

@@ -24,18 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pyinfra import host, inventory
+from pyinfra.api.exceptions import NoGroupError
+
 from p40fleet.facts.collective import CollectiveRunFact, CollectiveTargets
 from p40fleet.facts.env import env_python
 from p40fleet.facts.gpu import PciGpus
 from p40fleet.facts.ray import RayStatus
 from p40fleet.facts.smoke import ClusterSmokeStep, ClusterSmokeTargets
 from p40fleet.facts.survey import ask
+from p40fleet.launch import ClusterShape, LaunchError, cluster_shape
 from p40fleet.operations.run.survey import survey_host
 from p40fleet.operations.training import script_path as launch_script_path
-from pyinfra import host, inventory
-from pyinfra.api.exceptions import NoGroupError
-
-from p40fleet.launch import ClusterShape, LaunchError, cluster_shape
 from p40fleet.ray import (
     HEAD_GROUP,
     RayError,

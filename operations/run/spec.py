@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 
-from p40fleet.operations import run_lock
-from p40fleet.operations.refuse import refuse_host, refused_hosts
 from pyinfra import host, state
 from pyinfra.api.exceptions import PyinfraError
 
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
+from p40fleet.operations import run_lock
+from p40fleet.operations.refuse import refuse_host, refused_hosts
 from p40fleet.run_mode import NO_WAIT_REMEDY, NO_WAIT_STEP, no_wait_refusal
 from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard

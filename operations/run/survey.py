@@ -38,7 +38,6 @@ from p40fleet.operations import (
     training_user,
     verl,
 )
-
 from p40fleet.run_lock import DEFAULT_PATH
 from p40fleet.spec import ARTIFACTS, StackSpec
 

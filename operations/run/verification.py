@@ -14,17 +14,17 @@ import os
 from typing import Any
 
 import gevent
+from pyinfra import host, logger, state
+from pyinfra.api import StringCommand
+from pyinfra.api.state import BaseStateCallback
+
+from p40fleet import apex_build, report
 from p40fleet.facts.env import env_dir, env_python
 from p40fleet.facts.gpu import PciGpus
 from p40fleet.facts.survey import ask
 from p40fleet.facts.verify import VerifyProbe
 from p40fleet.operations import artifacts, cudnn, run_lock, training
 from p40fleet.operations.refuse import host_refusals
-from pyinfra import host, logger, state
-from pyinfra.api import StringCommand
-from pyinfra.api.state import BaseStateCallback
-
-from p40fleet import apex_build, report
 from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard
 from p40fleet.runtime.connector_args import host_connector_arguments

@@ -17,10 +17,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 
-from p40fleet.operations.util.progress import streamed
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.operations import apt
 
+from p40fleet.operations.util.progress import streamed
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy
 

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from io import BytesIO
 from typing import Any
 
-from p40fleet.facts.survey import ask
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.facts.files import Directory
 
+from p40fleet.facts.survey import ask
 from p40fleet.privdrop import STAGE_DIR, copy_in_script
 
 __all__ = ["as_user", "mkdir_as", "put_as", "replace_text", "write_as"]

@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from p40fleet.facts.home import UserFile
-from p40fleet.facts.survey import ask
 from pyinfra import host, state
 from pyinfra.facts.files import Directory, File, Sha1File
 
+from p40fleet.facts.home import UserFile
+from p40fleet.facts.survey import ask
 from p40fleet.runtime.templates import get_template
 
 __all__ = ["rendered", "same_dir", "same_file", "same_user_file"]

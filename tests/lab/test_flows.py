@@ -739,7 +739,6 @@ def test_symlinks_where_root_wrote_leave_root_files_alone(fleet):
     import shlex
 
     from p40fleet.operations.verl import patch_files
-
     from p40fleet.spec.load import deep_merge, load_spec
     from p40fleet.verl_patches import ruleset_json
 

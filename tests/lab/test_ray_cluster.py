@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
-from p40fleet.facts.ray import RayStatus
 
+from p40fleet.facts.ray import RayStatus
 from p40fleet.ray import TOKEN_FILE, parse_status, token_path
 from p40fleet.spec.pins import RayCluster
 from p40lab import runs
