@@ -17,7 +17,9 @@ The project code (``deploy/``, ``facts/``, ``operations/``, ``p40fleet/``, ``p40
 - **sys.modules**: a write into ``sys.modules`` (``sys.modules[k] = m``, ``.update``,
   ``.setdefault``, ``del``): how ``inspect.getmodule`` is steered;
 - **transport**: a reach into a connection's paramiko transport (``.connector.client``,
-  ``get_transport``, ``_active_check_timeout``).
+  ``get_transport``, ``_active_check_timeout``);
+- **run order**: a host failed from outside an operation (``.fail_hosts(...)``): it leans on
+  when pyinfra picks each operation's hosts (``p40fleet.runtime.host_gate`` says when).
 
 ``getattr(x, "name")`` reads as ``x.name`` and ``setattr(x, "name", v)`` as a store to it, so
 neither form hides one. A sighting in ``p40fleet/runtime/`` must be listed in
@@ -61,6 +63,7 @@ ADAPTATIONS: dict[str, set[str]] = {
         "internal: pyinfra.api.arguments.pop_global_arguments",
     },
     "p40fleet/runtime/templates.py": {"internal: pyinfra.api.util.get_template"},
+    "p40fleet/runtime/host_gate.py": {"run order: .fail_hosts"},
 }
 
 #: Sightings outside ``p40fleet/runtime/`` that adapt nothing of pyinfra, paramiko or inspect.
@@ -220,6 +223,8 @@ def sightings(source: str) -> Iterator[str]:
             called = _dotted(func)
             if called and called[-2:] == ["host", "deploy"] and called[0] in bound:
                 yield "internal: Host.deploy"
+            elif isinstance(func, ast.Attribute) and func.attr == "fail_hosts":
+                yield "run order: .fail_hosts"
         if isinstance(node, ast.Attribute) or _is_getattr(node):
             chain = _dotted(node)
             if chain is None:
@@ -304,6 +309,7 @@ before = {n: SSHConnector.__dict__.get(n) for n in
           ("connect", "run_shell_command", "put_file", "get_file")}
 import p40fleet.runtime.connector_args, p40fleet.runtime.deploy_frames, p40fleet.runtime.inventory
 import p40fleet.runtime.ssh_poll, p40fleet.runtime.sshguard, p40fleet.runtime.templates
+import p40fleet.runtime.host_gate
 from p40fleet.runtime import deploy_frames
 changed = [n for n, m in before.items() if SSHConnector.__dict__.get(n) is not m]
 entered = [n for n in sys.modules if n.startswith(deploy_frames.PREFIX)]
@@ -368,6 +374,7 @@ assert not changed and not entered, (changed, entered)
             "from pyinfra import host\nwith host.deploy('x', None, None):\n    pass",
             "internal: Host.deploy",
         ),
+        ("def operation_start(state, op):\n    state.fail_hosts({h})", "run order: .fail_hosts"),
     ],
 )
 def test_the_scan_sees(source, expected):

@@ -8,6 +8,9 @@ import, and through pyinfra's public hooks where one exists:
   wrapped in place (host-key refusal, paramiko's ``EOFError`` made per-host). No hook exists.
 - :mod:`~p40fleet.runtime.ssh_poll`: the paramiko transport's idle wake-up, set on every
   connect by a ``BaseStateCallback.host_connect`` (so it holds after ``server.reboot``).
+- :mod:`~p40fleet.runtime.host_gate`: a host failed before its first operation of the run
+  (the run lock taken), by a ``BaseStateCallback``'s ``operation_start`` (``--serial``:
+  ``operation_host_start``), leaning on when pyinfra picks each operation's hosts.
 - :mod:`~p40fleet.runtime.deploy_frames`: ``sys.modules`` entries for the exec'd deploy files,
   so ``inspect.getmodule`` answers pyinfra's stack walk from its cache.
 - :mod:`~p40fleet.runtime.included`: a layer's steps run under the operation-name prefix
