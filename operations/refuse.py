@@ -111,9 +111,11 @@ def host_refusals(target) -> list[tuple[str, str, str]]:
     return list(run_record(target.state).refusals.get(target.name, []))
 
 
-def record_refusals(refusals: list[tuple[str, str, str]]) -> None:
-    """Remember why the current host is refused (for the report after the run)."""
-    known = run_record(state).refusals.setdefault(host.name, [])
+def record_refusals(refusals: list[tuple[str, str, str]], target=None) -> None:
+    """Remember why the current host (or ``target``, outside an operation) is refused (for
+    the report after the run)."""
+    run, name = (state, host.name) if target is None else (target.state, target.name)
+    known = run_record(run).refusals.setdefault(name, [])
     known.extend(r for r in refusals if r not in known)
 
 

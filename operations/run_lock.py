@@ -1,16 +1,19 @@
 """The run lock: one p40fleet run per host at a time (``p40fleet.run_lock`` has the rules).
 
 ``operations.run.spec.validated_spec()`` calls :func:`hold` first, so every deploy that
-changes hosts takes the lock before its first operation, and a deploy included by another one
-(``deploy/full.py``) or named after it on the command line finds it already held by this run.
+changes hosts queues the lock before its first operation, and a deploy included by another one
+(``deploy/full.py``) or named after it on the command line finds it already queued by this run.
 
-Why the lock is taken inside the operation's generator at execution time, with
-``host.run_shell_command``, and not by a yielded command: a yielded command makes pyinfra report
-a change on every run, and "a second run changes nothing" is this project's contract; the lock
-is bookkeeping, not a change to the host's stack. A refusal is still a failing command, so the
-host fails before its next operation, with the holder named.
+While preparing (``--dry`` too) only the lock's fact is read: a host another live run holds is
+refused then (:func:`take` fails it, naming the holder), and its deploys add nothing. The lock
+itself is taken by a pyinfra state callback, :class:`RunLockEvents` (installed once per State,
+``p40fleet.runtime.host_gate``), before the run's first operation, on every queued host at
+once: a host whose lock another run took meanwhile fails there, before any of its operations,
+and the others go on. Not a yielded command: that makes pyinfra report a change on every run,
+and "a second run changes nothing" is this project's contract; the lock is bookkeeping, not a
+change to the host's stack. A ``--dry`` run executes nothing and takes no lock.
 
-Release: a pyinfra state callback removes the lock when this host's last operation succeeds, or
+Release: the same callback removes the lock when this host's last operation succeeds, or
 as soon as one of its operations fails (pyinfra runs nothing more on a failed host). A deploy
 that is included never releases mid-run: only the end of the host's operations does. A run
 killed outright (SIGKILL, a lost controller) leaves its lock: the next run on that controller
@@ -24,10 +27,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
+import gevent
 from pyinfra import host, state
 from pyinfra.api import FunctionCommand, StringCommand, operation
-from pyinfra.api.state import BaseStateCallback
 
 from p40fleet import controller, run_lock
 from p40fleet.facts.run_lock import RunLock
@@ -35,12 +39,13 @@ from p40fleet.facts.survey import Part, ask, part
 from p40fleet.operations.refuse import record_refusals, refusal_message, say_when_dry
 from p40fleet.run_lock import DEFAULT_PATH, Holder
 from p40fleet.run_record import run_record
-from p40fleet.runtime.connector_args import connector_arguments
+from p40fleet.runtime import host_gate
+from p40fleet.runtime.connector_args import host_connector_arguments
 from p40fleet.spec import StackSpec
 
 __all__ = [
-    "PATH_KEY", "defer_release", "hold", "lock_path", "refreshed", "release_for", "survey_parts",
-    "take", "this_run",
+    "PATH_KEY", "RunLockEvents", "defer_release", "hold", "install", "lock_path", "refreshed",
+    "release_for", "survey_parts", "take", "this_run",
 ]  # fmt: skip
 
 logger = logging.getLogger("pyinfra")
@@ -51,7 +56,11 @@ _STEP = "run lock"
 
 
 def lock_path() -> str:
-    return str(host.data.get(PATH_KEY) or DEFAULT_PATH)
+    return _path_of(host)
+
+
+def _path_of(target) -> str:
+    return str(target.data.get(PATH_KEY) or DEFAULT_PATH)
 
 
 def this_run() -> Holder:
@@ -74,6 +83,11 @@ def _decide(seen, me: Holder) -> run_lock.Decision:
     )
 
 
+def _say(target, message: str) -> None:
+    for line in message.splitlines():
+        target.log_styled(line, fg="red", log_func=logger.error)
+
+
 def _refusal(path: str, reason: str) -> FunctionCommand:
     fix = run_lock.FIX.format(path=path)
     message = refusal_message(host.name, _STEP, reason, fix)  # one refusal format
@@ -81,8 +95,7 @@ def _refusal(path: str, reason: str) -> FunctionCommand:
     say_when_dry(message)
 
     def _fail(state, host) -> bool:  # noqa: ARG001 - pyinfra passes (state, host)
-        for line in message.splitlines():
-            host.log_styled(line, fg="red", log_func=logger.error)
+        _say(host, message)
         return False
 
     return FunctionCommand(_fail, (), {})
@@ -91,55 +104,31 @@ def _refusal(path: str, reason: str) -> FunctionCommand:
 @operation(is_idempotent=False)
 def take(path: str = DEFAULT_PATH):
     """
-    Take this run's lock on the host, or fail the host naming the run that holds it.
+    Fail this host, naming the run that holds its lock, when another live run holds it.
 
     + path: the lock directory on the host
 
-    Reports no change: the lock is taken at execution by a command run from here (see the
-    module's doc); a dry run takes nothing.
+    Reports no change and runs no command: the lock itself is taken before the run's first
+    operation (:class:`RunLockEvents`, see the module's doc); a dry run takes nothing.
     """
-    me = this_run()
-    seen = ask(host, RunLock, path=path)
-    decision = _decide(seen, me)
+    decision = _decide(ask(host, RunLock, path=path), this_run())
     if decision.kind == "held":
         yield _refusal(path, decision.message)
-        return
-    if not state.is_executing:
-        return  # prepare stage (and --dry): the lock is taken when the run executes
-    if host.name in run_record(state).lock_held:
-        return  # taken by this run already (pyinfra may run this body twice at execution)
-    command = StringCommand(run_lock.acquire_command(path, me, decision.stale_text))
-    ok, output = host.run_shell_command(
-        command, **connector_arguments(host.current_op_global_arguments)
-    )
-    if ok:
-        run_record(state).lock_held.add(host.name)
-        if "stale run lock moved aside" in output.stdout:
-            for line in run_lock_lines(decision.message):
-                host.log_styled(line, fg="yellow", log_func=logger.warning)
-        return
-    said = [line for line in output.stderr_lines if line.strip()]
-    holder = run_lock.parse_holder("\n".join(said[1:]))
-    reason = (
-        f"another p40fleet run holds this host: {holder.describe()}"
-        if holder is not None
-        else "; ".join(said) or "the lock could not be taken"
-    )
-    yield _refusal(path, reason)
 
 
-def run_lock_lines(message: str) -> list[str]:
-    return [f"host {host.name}: {_STEP}: {message}"]
+def run_lock_lines(message: str, target=None) -> list[str]:
+    return [f"host {(target or host).name}: {_STEP}: {message}"]
 
 
 def hold() -> bool:
-    """Queue :func:`take` for this host once per run; False when the prepare stage already
-    sees another live run holding it (the refusal is queued: add no more operations)."""
+    """Queue this host's lock (:func:`take`, and the callback that takes it) once per run;
+    False when the prepare stage already sees another live run holding it (the refusal is
+    queued: add no more operations)."""
     queued = run_record(state).lock_queued
     if host.name in queued:
         return True  # re-entrant: an earlier deploy of this run queued it
     queued.add(host.name)
-    _register_release()
+    install(state)
     path = lock_path()
     take(name="Take the p40fleet run lock", path=path)
     seen = ask(host, RunLock, path=path)
@@ -168,14 +157,63 @@ def release_for(target) -> str | None:
         return None
     locked.discard(target.name)
     me = _holder(target.state, target.name)
-    return run_lock.release_command(str(target.data.get(PATH_KEY) or DEFAULT_PATH), me)
+    return run_lock.release_command(_path_of(target), me)
 
 
-class _Release(BaseStateCallback):
-    """Removes the lock after a host's last operation, or at its first failure."""
+def _acquire(target_state, target) -> str | None:
+    """Take this run's lock on ``target`` now; None when taken, else the refusal (said)."""
+    path = _path_of(target)
+    me = _holder(target_state, target.name)
+    decision = _decide(ask(target, RunLock, path=path), me)  # the survey's answer: no command
+    if decision.kind == "held":  # seen so while preparing: take() says the same
+        return _refuse(target, path, decision.message)
+    command = StringCommand(run_lock.acquire_command(path, me, decision.stale_text))
+    try:
+        ok, output = target.run_shell_command(command, **host_connector_arguments(target))
+    except Exception as exc:  # noqa: BLE001 - this host fails, the others go on
+        return _refuse(target, path, f"the lock could not be taken: {exc}")
+    if ok:
+        run_record(target_state).lock_held.add(target.name)
+        if "stale run lock moved aside" in output.stdout:
+            for line in run_lock_lines(decision.message, target):
+                target.log_styled(line, fg="yellow", log_func=logger.warning)
+        return None
+    said = [line for line in output.stderr_lines if line.strip()]
+    holder = run_lock.parse_holder("\n".join(said[1:]))
+    reason = (
+        f"another p40fleet run holds this host: {holder.describe()}"
+        if holder is not None
+        else "; ".join(said) or "the lock could not be taken"
+    )
+    return _refuse(target, path, reason)
+
+
+def _refuse(target, path: str, reason: str) -> str:
+    fix = run_lock.FIX.format(path=path)
+    message = refusal_message(target.name, _STEP, reason, fix)
+    record_refusals([(_STEP, reason, fix)], target)
+    _say(target, message)
+    return message
+
+
+class RunLockEvents(host_gate.HostGate):
+    """Takes each queued host's lock before its first operation (``HostGate``: every host at
+    once), removes it after the host's last operation, or at its first failure."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.last: dict[str, str] = {}
+
+    def admit(self, state, hosts: list[Any]) -> dict[Any, str]:
+        queued = run_record(state).lock_queued
+        wanted = [one for one in hosts if one.name in queued]  # verify-only hosts: no lock
+        if state.pool is None or len(wanted) < 2:
+            said = {one: _acquire(state, one) for one in wanted}
+        else:  # as pyinfra runs an operation: the fleet waits for the slowest host only
+            jobs = {one: state.pool.spawn(_acquire, state, one) for one in wanted}
+            gevent.joinall(list(jobs.values()))
+            said = {one: job.get() for one, job in jobs.items()}
+        return {one: message for one, message in said.items() if message is not None}
 
     def _last_op(self, state, host) -> str | None:
         if host.name not in self.last:
@@ -183,19 +221,12 @@ class _Release(BaseStateCallback):
             self.last[host.name] = mine[-1] if mine else ""
         return self.last[host.name]
 
-    def _release(self, state, host, op_hash) -> None:
-        locked = run_record(state).lock_held
-        if host.name not in locked:
+    def _release(self, state, host) -> None:
+        command = release_for(host)
+        if command is None:
             return
-        locked.discard(host.name)
-        arguments = state.get_op_data_for_host(host, op_hash).global_arguments
-        me = _holder(state, host.name)
-        path = str(host.data.get(PATH_KEY) or DEFAULT_PATH)
         try:
-            host.run_shell_command(
-                StringCommand(run_lock.release_command(path, me)),
-                **connector_arguments(arguments),
-            )
+            host.run_shell_command(StringCommand(command), **host_connector_arguments(host))
         except Exception as exc:  # noqa: BLE001 - an unreachable host keeps its (now stale) lock
             logger.warning(f"{host.print_prefix}run lock not released: {exc}")
 
@@ -203,18 +234,16 @@ class _Release(BaseStateCallback):
         if host.name in run_record(state).lock_deferred:
             return  # released after the run, with the verify probe (defer_release)
         if op_hash == self._last_op(state, host):
-            self._release(state, host, op_hash)
+            self._release(state, host)
 
     def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0):  # noqa: ARG002
         if not state.get_op_data_for_host(host, op_hash).global_arguments.get("_ignore_errors"):
-            self._release(state, host, op_hash)
+            self._release(state, host)
 
 
-def _register_release() -> None:
-    record = run_record(state)
-    if not record.lock_release_registered:
-        record.lock_release_registered = True
-        state.add_callback_handler(_Release())
+def install(target_state) -> bool:
+    """Add :class:`RunLockEvents` to ``target_state`` once; True when it was added now."""
+    return host_gate.install(target_state, RunLockEvents)
 
 
 def survey_parts(spec: StackSpec, path: str | None = None) -> list[Part]:  # noqa: ARG001

@@ -51,17 +51,15 @@ class RunRecord:
     #: (``operations.run_lock``).
     lock_run: tuple[str, str] | None = None
 
-    #: Hosts whose run lock take is queued: once per run, whichever deploy comes first.
+    #: Hosts whose run lock is queued: once per run, whichever deploy comes first.
     lock_queued: set[str] = field(default_factory=set)
 
-    #: Hosts whose run lock this run holds now (taken at execution, not yet released).
+    #: Hosts whose run lock this run holds now (taken before the first operation, not yet
+    #: released).
     lock_held: set[str] = field(default_factory=set)
 
     #: Hosts whose lock the verification after the run releases, not their last operation.
     lock_deferred: set[str] = field(default_factory=set)
-
-    #: Whether the run lock's release callback is registered on the State (once per run).
-    lock_release_registered: bool = False
 
     #: The host that builds each apex key in this run, None when none does
     #: (``operations.run.apex_fleet``).

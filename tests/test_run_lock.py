@@ -8,6 +8,7 @@ under the real pyinfra CLI on ``@local`` (as tests/test_preflight.py does).
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -377,6 +378,146 @@ def test_a_deferred_release_is_given_once_to_whoever_runs_last(tmp_path):
     command = op.release_for(host)
     assert command == run_lock.release_command(str(tmp_path / "lock"), me)
     assert op.release_for(host) is None  # given once
-    release = op._Release()
+    release = op.RunLockEvents()
     release.last[host.name] = "op"
     release.operation_host_success(state, host, "op")  # deferred: no command, no error
+
+
+# ------------------------------------------- the callback that takes the lock (#29)
+
+
+def _fleet(names, tmp_path):
+    """A real State of connected hosts, each its own lock path, whose shell commands are
+    recorded (and answered by ``answer(name, command)``) and whose RunLock fact says free."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    hosts = [(n, {op.PATH_KEY: str(tmp_path / f"lock-{n}")}) for n in names]
+    state = State(Inventory((hosts, {})), Config())
+    sent: dict[str, list[str]] = {n: [] for n in names}
+    said: list[str] = []
+    answers: dict[str, tuple[bool, list[str]]] = {}
+    for one in state.inventory:
+        state.activate_host(one)
+
+        def run_shell_command(command, _name=one.name, **_):
+            sent[_name].append(str(command.get_raw_value()))
+            ok, stderr = answers.get(_name, (True, []))
+            return ok, CommandOutput([OutputLine("stderr", line) for line in stderr])
+
+        one.run_shell_command = run_shell_command
+        one.get_fact = lambda cls, **kw: RunLockState(False, "", BOOT)
+        one.log_styled = lambda message, _name=one.name, **kw: said.append(f"{_name}: {message}")
+    return state, sent, said, answers
+
+
+def _queue(state, name):
+    """What a deploy's validated_spec() does for ``name`` while preparing: hold()."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host(name)):
+        return op.hold()
+
+
+def test_the_callback_takes_each_queued_hosts_lock_before_the_first_operation(tmp_path):
+    """At the run's first operation_start, before pyinfra picks the operation's hosts: a and b
+    queued the lock, c (a verify-only deploy's host) did not; b's lock was taken meanwhile by
+    another live run: b fails there, naming it, and a goes on holding its lock."""
+    state, sent, said, answers = _fleet(["a", "b", "c"], tmp_path)
+    assert _queue(state, "a") and _queue(state, "b")
+    assert [h for h in state.callback_handlers if isinstance(h, op.RunLockEvents)] != []
+    assert sent == {"a": [], "b": [], "c": []}  # preparing takes nothing (--dry neither)
+    other = holder_text(controller="ctl-b", pid=4242, host="b")
+    answers["b"] = (False, ["p40fleet run lock ... is held:", *other.splitlines()])
+    state.is_executing = True
+    state.trigger_callbacks("operation_start", state.get_op_order()[0])
+    me = op._holder(state, "a")
+    assert sent["a"] == [run_lock.acquire_command(str(tmp_path / "lock-a"), me)]
+    assert len(sent["b"]) == 1 and sent["c"] == []
+    assert run_record(state).lock_held == {"a"}
+    assert {h.name for h in state.failed_hosts} == {"b"}
+    assert "b: host b: run lock: another p40fleet run holds this host: run run-a of controller " \
+           "ctl-b (pid 4242)" in said[0], said  # fmt: skip
+    (refusal,) = run_record(state).refusals["b"]
+    assert refusal[0] == "run lock" and "pid 4242" in refusal[1]
+    # a's last operation: released, with the same holder
+    a = state.inventory.get_host("a")
+    state.trigger_callbacks("operation_host_success", a, state.get_op_order()[-1])
+    assert sent["a"][-1] == run_lock.release_command(str(tmp_path / "lock-a"), me)
+    assert run_record(state).lock_held == set()
+
+
+def test_the_callback_is_installed_once_per_state(tmp_path):
+    state, *_ = _fleet(["a", "b"], tmp_path)
+    assert _queue(state, "a") and _queue(state, "b") and _queue(state, "a")
+    assert op.install(state) is False
+    again, *_ = _fleet(["a"], tmp_path)
+    assert _queue(again, "a")
+    for one in (state, again):
+        assert sum(isinstance(h, op.RunLockEvents) for h in one.callback_handlers) == 1
+
+
+def test_the_operation_takes_no_lock_even_when_executing(tmp_path):
+    """pyinfra runs an operation's body again when it executes: that pass takes nothing now
+    (the callback did), so a State without the callback takes no lock."""
+    from pyinfra.context import ctx_host, ctx_state
+
+    state, sent, _, _ = _fleet(["a"], tmp_path)
+    state.is_executing = True
+    with ctx_state.use(state), ctx_host.use(state.inventory.get_host("a")):
+        commands = list(op.take._inner(path=str(tmp_path / "lock-a")))
+    assert commands == [] and sent == {"a": []}
+    assert run_record(state).lock_held == set()
+    assert not any(isinstance(h, op.RunLockEvents) for h in state.callback_handlers)
+
+
+RACE_DEPLOY = """
+from pathlib import Path
+from pyinfra import host
+from pyinfra.operations import server
+from operations.run.spec import validated_spec
+name = host.name.replace("/", "_")
+server.shell(name="early", commands=["touch {markers}/early-" + name])  # before the lock's op
+spec = validated_spec()
+if spec is not None:
+    if host.name == "@local":  # another run takes this host's lock after we read it free
+        lock = Path(host.data.p40fleet_run_lock)
+        lock.mkdir()
+        (lock / "holder").write_text({holder!r})
+    server.shell(name="touch marker", commands=["touch {markers}/late-" + name])
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("chroot") is None or not Path(run_lock.BOOT_ID).exists(),
+    reason="a second local host needs the chroot connector (root + chroot), and Linux /proc",
+)
+@pytest.mark.parametrize("mode", [[], ["--serial"]])
+def test_a_host_whose_lock_is_taken_meanwhile_fails_before_its_first_operation(tmp_path, mode):
+    """The lock is taken before the run's first operation, whichever it is (here one a deploy
+    queued before validated_spec): @local, whose lock another live run took after the
+    prepare stage read it free, runs none of its operations; @chroot// runs all of them."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    boot = Path(run_lock.BOOT_ID).read_text().strip()
+    other = holder_text(controller="ctl-b", pid=4242, host="@local", boot=boot, since=recent())
+    (tmp_path / "inv.py").write_text(
+        f"hosts = [(n, {{'stack': {{}}, 'p40fleet_run_lock': {str(tmp_path)!r} + '/lock-' + s}})"
+        " for n, s in (('@local', 'local'), ('@chroot//', 'chroot'))]\n"
+    )
+    deploy = RACE_DEPLOY.format(markers=markers, holder=other + "\n")
+    (tmp_path / "deploy.py").write_text(deploy)
+    env = {**os.environ, "PYTHONPATH": str(REPO), controller.CACHE_ENV: str(tmp_path / "ctl")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", *mode, str(tmp_path / "inv.py"),
+         str(tmp_path / "deploy.py")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert sorted(p.name for p in markers.iterdir()) == ["early-@chroot__", "late-@chroot__"], out
+    assert "host @local: run lock: another p40fleet run holds this host: run run-a of " \
+           "controller ctl-b (pid 4242)" in out, out  # fmt: skip
+    assert "Traceback" not in out, out
+    assert (tmp_path / "lock-local" / "holder").read_text() == other + "\n"  # not ours
+    assert not (tmp_path / "lock-chroot").exists(), out  # released at the end of the run
