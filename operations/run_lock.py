@@ -111,6 +111,8 @@ def take(path: str = DEFAULT_PATH):
     Reports no change and runs no command: the lock itself is taken before the run's first
     operation (:class:`RunLockEvents`, see the module's doc); a dry run takes nothing.
     """
+    if host.name in run_record(state).lock_held:
+        return  # executing, the lock taken (RunLockEvents): nothing to ask again
     decision = _decide(ask(host, RunLock, path=path), this_run())
     if decision.kind == "held":
         yield _refusal(path, decision.message)

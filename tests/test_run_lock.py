@@ -475,7 +475,7 @@ RACE_DEPLOY = """
 from pathlib import Path
 from pyinfra import host
 from pyinfra.operations import server
-from operations.run.spec import validated_spec
+from p40fleet.operations.run.spec import validated_spec
 name = host.name.replace("/", "_")
 server.shell(name="early", commands=["touch {markers}/early-" + name])  # before the lock's op
 spec = validated_spec()
@@ -521,3 +521,43 @@ def test_a_host_whose_lock_is_taken_meanwhile_fails_before_its_first_operation(t
     assert "Traceback" not in out, out
     assert (tmp_path / "lock-local" / "holder").read_text() == other + "\n"  # not ours
     assert not (tmp_path / "lock-chroot").exists(), out  # released at the end of the run
+
+
+COUNTED_DEPLOY = """
+from pyinfra import host, state
+from pyinfra.operations import server
+from p40fleet.facts.survey import install
+from p40fleet.operations.run.spec import validated_spec
+from p40fleet.operations.run.survey import survey_host
+from p40fleet.spec import spec_for_host
+install(state)
+survey_host(host, spec_for_host(host))  # as deploy/preflight.py: the lock's fact in it
+spec = validated_spec()
+if spec is not None:
+    server.shell(name="touch marker", commands=["touch {marker}"])
+"""
+
+
+@pytest.mark.skipif(not Path(run_lock.BOOT_ID).exists(), reason="needs Linux /proc")
+def test_the_lock_costs_one_command_to_take_and_one_to_release(tmp_path):
+    """No command more than before the callback (#29): the survey answers the lock's fact,
+    the callback takes it in one command, the last operation's end releases it in one."""
+    lock, marker = tmp_path / "run.lock", tmp_path / "marker"
+    (tmp_path / "inv.py").write_text(
+        f"hosts = [('@local', {{'stack': {{}}, 'p40fleet_run_lock': {str(lock)!r}}})]\n"
+    )
+    (tmp_path / "deploy.py").write_text(COUNTED_DEPLOY.format(marker=marker))
+    env = {**os.environ, "PYTHONPATH": str(REPO), controller.CACHE_ENV: str(tmp_path / "ctl")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", "--debug", str(tmp_path / "inv.py"),
+         str(tmp_path / "deploy.py")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and marker.exists() and not lock.exists(), out
+    sent = [line.split("Running command on localhost: ", 1)[1]
+            for line in out.splitlines() if "Running command on localhost: " in line]  # fmt: skip
+    assert len(sent) == 4, sent
+    survey, take, touch, release = sent
+    assert "p40fleet_out=" in survey and f"L={lock}" in take and f"touch {marker}" in touch
+    assert release.startswith("sh -c 'if grep -qxF run="), sent

@@ -1,4 +1,4 @@
-"""The current host's spec, checked once per run, with this run's lock taken first.
+"""The current host's spec, checked once per run, with this run's lock queued first.
 
 Use at the top of every deploy::
 
@@ -47,8 +47,8 @@ def validated_spec(*, lock: bool = True) -> StackSpec | None:
 
     Call at the top of every deploy; add no operations for the host when it returns None
     (also when an earlier deploy of this run refused the host). With ``lock`` (deploys that
-    change hosts) this run's lock on the host is taken first (``operations.run_lock``); a host
-    another run holds is refused.
+    change hosts) this run's lock on the host is queued first, taken before the run's first
+    operation (``operations.run_lock``); a host another run holds is refused.
     """
     unchecked = sshguard.host_key_refusal(host)
     if unchecked is not None and host.name not in refused_hosts():
