@@ -447,6 +447,19 @@ def test_the_callback_takes_each_queued_hosts_lock_before_the_first_operation(tm
     assert run_record(state).lock_held == set()
 
 
+def test_the_callback_releases_at_a_hosts_first_failure(tmp_path):
+    state, sent, _, _ = _fleet(["a"], tmp_path)
+    assert _queue(state, "a")
+    state.is_executing = True
+    first = state.get_op_order()[0]
+    state.trigger_callbacks("operation_start", first)
+    assert run_record(state).lock_held == {"a"}
+    state.trigger_callbacks("operation_host_error", state.inventory.get_host("a"), first)
+    me = op._holder(state, "a")
+    assert sent["a"][-1] == run_lock.release_command(str(tmp_path / "lock-a"), me)
+    assert len(sent["a"]) == 2 and run_record(state).lock_held == set()
+
+
 def test_the_callback_is_installed_once_per_state(tmp_path):
     state, *_ = _fleet(["a", "b"], tmp_path)
     assert _queue(state, "a") and _queue(state, "b") and _queue(state, "a")
