@@ -33,6 +33,7 @@ from p40fleet.mirror.debian import (
     Index,
     Package,
     compare_versions,
+    installed_packages,
     paragraphs,
     relations,
     release_sums,
@@ -242,6 +243,46 @@ def test_a_relation_nothing_satisfies_is_named_with_who_asked():
     assert "lib (>= 5) (Depends of top 1): no package" in text
     assert "virt (>= 2) (Depends of w 1)" in text  # an unversioned Provides is not enough
     assert "nosuch (asked for)" in text
+
+
+def test_what_the_hosts_have_installed_is_not_mirrored_unless_too_old_or_asked_for():
+    """``--apt-installed``: a dependency the hosts' dpkg status satisfies (by name or by a
+    versioned Provides) is left out with what only it needs; an installed version too old for
+    the relation is mirrored; a root is always mirrored (an upstream that is only what the base
+    image lacks, as the lab's, then still closes)."""
+    index = _index(
+        ("build-essential", "12", {"Depends": "gcc, libc6-dev (>= 2.36), make"}),
+        ("gcc", "12", {"Depends": "libc6 (>= 2.36), cpp"}),
+        ("libc6-dev", "2.36", {"Depends": "libc6 (= 2.36)"}),
+        ("make", "4.3", {}),
+    )  # no libc6, no cpp in this upstream: the base image has them
+    status = """Package: libc6
+Status: install ok installed
+Version: 2.36
+
+Package: cpp-12
+Status: install ok installed
+Version: 12
+Provides: cpp (= 12)
+
+Package: make
+Status: install ok installed
+Version: 4.2
+
+Package: gone
+Status: deinstall ok config-files
+Version: 1
+Provides: libc6-dev (= 9)
+"""
+    installed = Index(installed_packages(status))
+    assert sorted(installed.candidates) == ["cpp-12", "libc6", "make"]
+    with pytest.raises(AptError, match="libc6 .* no package"):
+        index.closure(["build-essential"])  # without it: the upstream does not close
+    chosen = index.closure(["build-essential", "make"], installed)
+    assert sorted(chosen) == ["build-essential", "gcc", "libc6-dev", "make"]  # make: a root
+    old = Index(installed_packages(status.replace("Version: 2.36", "Version: 2.31")))
+    with pytest.raises(AptError, match=r"libc6 \(>= 2.36\) \(Depends of gcc 12\)"):
+        index.closure(["build-essential"], old)  # 2.31 installed is too old: needs the mirror
 
 
 def test_the_apt_packages_are_the_ones_the_driver_operation_installs():

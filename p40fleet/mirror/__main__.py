@@ -156,6 +156,10 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept a plain-http upstream whose Release signature is not checked",
     )
+    a.add_argument("--apt-installed", type=Path, metavar="STATUS",
+                   help="a host's /var/lib/dpkg/status (as every host has it after the OS "
+                   "install): what it lists as installed is not mirrored, nor what only it "
+                   "needs; the deploy's own packages always are")  # fmt: skip
     a.add_argument(
         "--apt-refresh",
         action="store_true",
@@ -264,7 +268,7 @@ def _apt_plan(args: argparse.Namespace, kernels: list[str]) -> AptPlan | None:
         allow_unverified=args.allow_unverified_upstream,
     )
     return AptPlan(tuple(apt_repo.deploy_packages(kernels)), upstream, args.apt_refresh,
-                   args.base_url)  # fmt: skip
+                   args.base_url, args.apt_installed)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

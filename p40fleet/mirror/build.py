@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 
 from p40fleet import condalock, hashlock, preflight
 from p40fleet.mirror import apt as apt_repo
-from p40fleet.mirror.debian import AptError, Index
+from p40fleet.mirror.debian import AptError, Index, installed_packages
 from p40fleet.mirror.fetch import FetchError, digest_of, fetch, sha256_of
 from p40fleet.mirror.index import IndexFile, project_files
 from p40fleet.mirror.manifest import Entry, Manifest, has_commit
@@ -144,6 +144,8 @@ class AptPlan:
     upstream: apt_repo.Upstream = apt_repo.Upstream()
     refresh: bool = False  # read the upstream indexes again (else the cached ones)
     base_url: str = "http://MIRROR:8111"
+    #: a host's dpkg status: what the hosts already have is not mirrored (their base system)
+    installed: Path | None = None
 
 
 @dataclass
@@ -327,7 +329,16 @@ def _apt(mirror: Path, plan: AptPlan, result: BuildResult, progress: bool) -> No
         packages, notes = apt_repo.read_indexes(mirror, upstream, plan.refresh, _log)
         for note in notes:
             _log(f"WARNING {note}")
-        chosen = Index(packages).closure(plan.packages)
+        installed = None
+        if plan.installed is not None:
+            try:
+                status = plan.installed.read_text(errors="replace")
+            except OSError as exc:
+                raise MirrorError(f"--apt-installed {plan.installed}: {exc.strerror}") from None
+            installed = Index(installed_packages(status))
+            _log(f"apt: {len(installed.candidates)} packages the hosts have ({plan.installed}) "
+                 "are not mirrored")  # fmt: skip
+        chosen = Index(packages).closure(plan.packages, installed)
         _log(f"apt: {len(chosen)} packages in the closure of {', '.join(plan.packages)}")
         problems = apt_repo.fetch_debs(mirror, chosen, result.manifest, result.count,
                                        progress, _log)  # fmt: skip

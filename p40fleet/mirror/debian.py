@@ -219,6 +219,18 @@ class Package:
         return [group[0] for group in relations(field_of(self.stanza, "Provides"))]
 
 
+def installed_packages(status_text: str) -> list[Package]:
+    """The installed packages of a dpkg status file (``/var/lib/dpkg/status``): the paragraphs
+    whose ``Status`` ends in ``installed``."""
+    return [
+        Package(stanza, "")
+        for stanza in paragraphs(status_text)
+        if "Package" in stanza
+        and "Version" in stanza
+        and (field_of(stanza, "Status") or "").split()[-1:] == ["installed"]
+    ]
+
+
 class Index:
     """The packages of several Packages indexes: one candidate per name (the highest version)
     and who provides each virtual name."""
@@ -260,15 +272,23 @@ class Index:
             return True
         return self._provider(rel, chosen) is not None
 
-    def closure(self, roots: Iterable[str]) -> dict[str, Package]:
+    def closure(self, roots: Iterable[str], installed: Index | None = None) -> dict[str, Package]:
         """Every package ``roots`` need (Pre-Depends, Depends), by name; raises
-        :class:`AptError` naming each relation nothing satisfies and who asked for it."""
+        :class:`AptError` naming each relation nothing satisfies and who asked for it.
+        ``installed``: what every host already has (its dpkg status): a dependency one of
+        those satisfies is not mirrored, nor what it needs; the roots always are."""
         chosen: dict[str, Package] = {}
         problems: list[str] = []
         queue: list[tuple[list[Relation], str]] = [([Relation(r)], "asked for") for r in roots]
         while queue:
             group, by = queue.pop(0)
             if any(self._satisfied_by(rel, chosen) for rel in group):
+                continue
+            if (
+                installed is not None
+                and by != "asked for"
+                and any(installed._real(rel) or installed._provider(rel) for rel in group)
+            ):
                 continue
             pick = next(
                 (p for rel in group for p in (self._real(rel) or self._provider(rel),) if p),
