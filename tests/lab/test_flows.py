@@ -319,13 +319,16 @@ def test_another_repo_runs_the_installed_packaged_full_deploy_as_a_no_op(fleet, 
     old = os.environ.get("P40LAB_SSH_USER")
     os.environ.update(AS_ADMIN)
     try:  # their inventory: the lab's hosts and data, written out as plain data
-        hosts = runpy.run_path(str(REPO / "inventories" / "sim.py"))["sim"]
+        groups = runpy.run_path(str(REPO / "inventories" / "sim.py"))
     finally:
         os.environ.pop("P40LAB_SSH_USER") if old is None else os.environ.update(
             P40LAB_SSH_USER=old)  # fmt: skip
-    (repo / "hosts.json").write_text(json.dumps(hosts))
+    # the same groups: the Ray head's group decides the cluster plan of the launch scripts
+    (repo / "hosts.json").write_text(json.dumps({"sim": groups["sim"],
+                                                 "ray_head": groups["ray_head"]}))  # fmt: skip
     (repo / "inventory.py").write_text(
-        "import json\nfleet = [tuple(h) for h in json.load(open('hosts.json'))]\n"
+        "import json\n_groups = json.load(open('hosts.json'))\n"
+        "sim = [tuple(h) for h in _groups['sim']]\nray_head = _groups['ray_head']\n"
     )
     (repo / "deploy.py").write_text(
         "import sys\nimport p40fleet.deploys\nfrom p40fleet.deploys import full\n"
