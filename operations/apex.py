@@ -339,12 +339,15 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
     Both land under temporary names; ``local_tar.sha256`` is written (temp name, then rename)
     and the tar renamed into place only after the copy matches root's sum and is a complete
     wheel tar, so an interrupted copy is never taken for the wheel. Root's copies on the
-    builder are removed after the fetch.
+    builder are removed after the fetch. The temporary names are this controller process's, and
+    the tar is recorded only while this run still holds the key's build lock in a shared cache
+    (``apex_cache.record``): once taken over, the new holder's wheel is the one recorded.
     """
     if not needed:
         host.noop("apex wheel: not built here")
         return
-    part, part_sum = f"{local_tar}.part", f"{local_tar}.part.sha256"
+    part = apex_cache.part_of(local_tar)  # this process's: a taken-over builder writes its own
+    part_sum = f"{part}.sha256"
     for src, dest in ((remote_tar, part), (f"{remote_tar}.sha256", part_sum)):
         yield from files.get._inner(
             src=src, dest=dest, add_deploy_dir=False, create_local_dir=True, force=True
@@ -353,11 +356,11 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
 
     def _record(state, host) -> bool:
         try:
-            return _stored(host)
+            return _stored(state, host)
         finally:
             apex_cache.release_for(state, local_tar)  # stored or not: others may go on
 
-    def _stored(host) -> bool:
+    def _stored(state, host) -> bool:
         want, got = recorded_sum(part_sum), sha256_of(part) if os.path.isfile(part) else None
         problem = None
         if want is None or got != want:
@@ -365,14 +368,22 @@ def fetch_wheel(remote_tar: str, local_tar: str, needed: bool = True):
         else:
             problem = complete_wheel_tar(part)
         if problem:
+            for name in (part, part_sum):  # this process's names: none is reused by a re-run
+                if os.path.exists(name):
+                    os.unlink(name)
             host.log_styled(
                 f"host {host.name}: apex wheel fetch: {remote_tar}: {problem} — fix: re-run "
                 "(the builder builds it again; nothing was recorded on the controller)",
                 fg="red",
             )
             return False
-        apex_cache.record(part, local_tar, got)
-        os.unlink(part_sum)
+        try:
+            apex_cache.record(part, local_tar, got, lock=apex_cache.lock_for(state, local_tar))
+        except apex_cache.LockLost as lost:  # the new holder records its wheel; uploads wait
+            host.log_styled(f"host {host.name}: apex wheel fetch: {lost}: not recorded; "
+                            "this run's uploads wait for that wheel", fg="yellow")  # fmt: skip
+        finally:
+            os.unlink(part_sum)
         return True
 
     yield FunctionCommand(_record, (), {})

@@ -18,6 +18,15 @@ shared directory's own clock (a freshly written file's mtime: controllers' clock
 A stale lock is taken over in one path: claim it (an exclusive link named by its content), remove
 it if it is still that file, try the exclusive link again; of any number of takers at most one
 holds it then, and the one that removed it names the old holder.
+
+A holder judged stale may still be alive (paused, or its refreshes lost on a slow NFS). It acts
+on the lock only as its own: it releases it, and records a wheel, holding the same claim a taker
+of its lock must hold, and only while the lock is still its file (text and inode); it refreshes
+it through the file it read (``futimens`` lands on that inode, never on a lock linked since).
+What it built after its lock was taken over is not recorded (:class:`LockLost`). The one window
+left: a holder that pauses longer than :data:`STALE_S` inside that claim (a few syscalls), when
+its claim is stale too; a lease without fencing cannot close it, and every wheel is still
+checked by its sum before use.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -43,9 +53,12 @@ __all__ = [
     "Acquired",
     "BuildLock",
     "LockHolder",
+    "LockLost",
     "await_other",
     "hold",
+    "lock_for",
     "obtain",
+    "part_of",
     "publish",
     "record",
     "release_for",
@@ -149,6 +162,25 @@ def _lock_path(local_tar: str) -> str:
     return os.path.join(os.path.dirname(local_tar), LOCK_FILE)
 
 
+def _claim_of(name: str, text: str) -> str:
+    """The claim a taker of the file ``name`` holding ``text`` (or its holder) must hold."""
+    return f"{name}.takeover-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def _mine_suffix() -> str:
+    return f"{controller.controller_id()[:8]}-{os.getpid()}"
+
+
+def part_of(local_tar: str) -> str:
+    """This process's temporary name for ``local_tar``: two builders (one whose lock was taken
+    over) never write one file."""
+    return f"{local_tar}.part.{_mine_suffix()}"
+
+
+class LockLost(RuntimeError):
+    """This process's build lock was taken over (judged stale): its wheel is not recorded."""
+
+
 @dataclass(frozen=True)
 class Acquired:
     """What :meth:`BuildLock.acquire` saw: ``taken`` (free, or a stale lock taken over: then
@@ -169,6 +201,7 @@ class BuildLock:
         self.stale_s, self.heartbeat_s = stale_s, heartbeat_s
         self.me = LockHolder.me(key)
         self._stop = threading.Event()
+        self._ino: int | None = None  # the inode of the lock this process linked
 
     @classmethod
     def beside(cls, local_tar: str, **bounds: float) -> BuildLock:
@@ -203,7 +236,9 @@ class BuildLock:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         took_over = ""
         for _attempt in range(_TRIES):
-            if self._link(self.path):
+            ino = self._link(self.path)
+            if ino is not None:
+                self._ino = ino
                 self._start_heartbeat()
                 return Acquired("taken", None, took_over)
             seen = _snapshot(self.path)
@@ -211,6 +246,7 @@ class BuildLock:
                 continue  # released meanwhile
             holder = _holder(seen[0], self.key)
             if holder.same_process(self.me):
+                self._ino = seen[1].st_ino
                 return Acquired("taken")
             why = self.stale_why(holder, seen[1].st_mtime)
             if why is None:
@@ -227,8 +263,8 @@ class BuildLock:
         from its text (renaming the name aside would move whatever file is there by then, a
         lock taken meanwhile included). A claim whose taker died is stale as a lock is, and
         removed the same way."""
-        claim = f"{name}.takeover-{hashlib.sha256(seen[0].encode()).hexdigest()[:16]}"
-        if not self._link(claim):
+        claim = _claim_of(name, seen[0])
+        if self._link(claim) is None:
             other = _snapshot(claim)
             if other and self.stale_why(_holder(other[0], self.key), other[1].st_mtime):
                 self._remove_stale(claim, other)
@@ -242,26 +278,73 @@ class BuildLock:
         finally:
             os.unlink(claim)
 
-    def _link(self, name: str) -> bool:
-        """Create ``name`` exclusively, holding this process's lines."""
+    def _link(self, name: str) -> int | None:
+        """Create ``name`` exclusively, holding this process's lines: its inode, None when
+        ``name`` exists."""
         tmp = f"{name}.{self.me.controller_id[:8]}.{self.me.pid}.tmp"
         with open(tmp, "w") as handle:
             handle.write(self.me.text())
             handle.flush()
             os.fsync(handle.fileno())
+            ino = os.fstat(handle.fileno()).st_ino
         try:
             os.link(tmp, name)
-            return True
+            return ino
         except FileExistsError:
-            return False
+            return None
         except OSError:
-            return os.stat(tmp).st_nlink == 2  # NFS: the link made, its reply lost
+            return ino if os.stat(tmp).st_nlink == 2 else None  # NFS: made, its reply lost
         finally:
             os.unlink(tmp)
 
+    def _is_mine(self, seen: tuple[str, os.stat_result] | None) -> bool:
+        """Whether ``seen`` is the lock file this process linked (its text and its inode)."""
+        return (
+            seen is not None
+            and self._ino is not None
+            and (seen[0], seen[1].st_ino) == (self.me.text(), self._ino)
+        )
+
     def held_by_me(self) -> bool:
-        seen = _snapshot(self.path)
-        return seen is not None and seen[0] == self.me.text()
+        return self._is_mine(_snapshot(self.path))
+
+    @contextmanager
+    def _owned(self) -> Iterator[bool]:
+        """Whether this process holds the lock, asked holding the claim a taker of its lock
+        must hold to remove it (:meth:`_remove_stale`): till the block ends it stays this
+        process's, unless the block outlasts ``stale_s`` (the claim is stale then, too). A live
+        taker's claim means the lock is being taken over: not this process's any more."""
+        claim = _claim_of(self.path, self.me.text())
+        for _attempt in range(_TRIES):
+            if self._link(claim) is not None:
+                break
+            other = _snapshot(claim)
+            if other is None:
+                continue  # that taker is done
+            if not self.stale_why(_holder(other[0], self.key), other[1].st_mtime):
+                yield False
+                return
+            self._remove_stale(claim, other)  # a taker that died holding it
+        else:
+            yield False
+            return
+        try:
+            yield self._is_mine(_snapshot(self.path))
+        finally:
+            os.unlink(claim)
+
+    def _refresh(self) -> bool:
+        """Refresh the lock's mtime while it is this process's; False once it is not. The
+        refresh is of the file read (``futimens``): it never refreshes a lock linked since."""
+        try:
+            with open(self.path) as handle:
+                seen = handle.read(), os.fstat(handle.fileno())
+                if not self._is_mine(seen):
+                    return False
+                os.utime(handle.fileno())
+                return True
+        except FileNotFoundError:
+            return False
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
@@ -270,15 +353,31 @@ class BuildLock:
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            if self.held_by_me():
-                os.utime(self.path)
+            try:
+                if not self._refresh():
+                    return  # taken over: record() refuses this process's wheel
+            except OSError:
+                continue  # the shared directory's hiccup (ESTALE, EIO): try at the next beat
 
     def release(self) -> None:
-        """Remove the lock when this process holds it (idempotent)."""
+        """Remove the lock when this process holds it (idempotent); a lock taken over from this
+        process is left to its new holder."""
         self._stop.set()
         if self.held_by_me():
-            os.unlink(self.path)
+            with self._owned() as mine:
+                if mine:
+                    os.unlink(self.path)
         atexit.unregister(self.release)
+
+    def lost_why(self) -> str:
+        """Why the lock is not this process's any more, naming its holder now."""
+        holder = self.holder()
+        now = f"held now by {holder.describe()}" if holder else "free now"
+        return (
+            f"the build lock of {self.key} was taken over from {self.me.describe()} "
+            f"(judged stale: not refreshed for {self.stale_s:.0f} s, the process paused or its "
+            f"refreshes lost); {now}"
+        )
 
 
 _WAITERS: dict[str, threading.Lock] = {}
@@ -288,6 +387,11 @@ def hold(run: object, lock: BuildLock) -> None:
     """Keep ``lock`` in the run's record (``run``: pyinfra's state) until :func:`release_for`
     (or exit)."""
     run_record(run).apex_build_locks[lock.path] = lock
+
+
+def lock_for(run: object, local_tar: str) -> BuildLock | None:
+    """The lock this run holds of ``local_tar``'s cache entry (None: it holds none)."""
+    return run_record(run).apex_build_locks.get(_lock_path(local_tar))
 
 
 def release_for(run: object, local_tar: str) -> None:
@@ -376,11 +480,12 @@ def obtain(
 ) -> tuple[str, bool]:
     """(the wheel tar, built here): the controller-side rule in one call. A wheel in the cache
     matching its sum is used; else under the key's lock ``build(part)`` writes the tar to a
-    temporary name and it is published with its sum; a live holder's wheel is waited for."""
+    temporary name and it is published with its sum; a live holder's wheel is waited for, as is
+    the new holder's when this process's lock was taken over during its build."""
     local_tar = apex_build.controller_wheel(key, cache_dir)
     if apex_build.controller_wheel_ok(local_tar)[0]:
         return local_tar, False
-    lock = BuildLock.beside(local_tar)
+    lock, part = BuildLock.beside(local_tar), part_of(local_tar)
     got = lock.acquire()
     if got.kind == "held":
         ok, why = wait_for_wheel(lock, local_tar, log, **wait)
@@ -392,22 +497,46 @@ def obtain(
     try:
         if apex_build.controller_wheel_ok(local_tar)[0]:  # published before we took the lock
             return local_tar, False
-        part = f"{local_tar}.part"
         build(part)
-        record(part, local_tar)
+        record(part, local_tar, lock=lock)
         return local_tar, True
+    except LockLost as lost:
+        log(f"{lost}: waiting for that wheel")
     finally:
         lock.release()
+        if os.path.exists(part):  # a failed build's: this process's name, no re-run reuses it
+            os.unlink(part)
+    ok, why = wait_for_wheel(lock, local_tar, log, **wait)
+    if not ok:
+        raise RuntimeError(why)
+    return local_tar, False
 
 
-def record(part: str, local_tar: str, digest: str | None = None) -> str:
+def record(
+    part: str, local_tar: str, digest: str | None = None, lock: BuildLock | None = None
+) -> str:
     """Publish the complete tar ``part`` (of sha256 ``digest``: computed when not given) as
     ``local_tar``, then its sum beside it: a reader that sees the tar before its sum finds them
-    not matching and waits or builds, never takes a tar unchecked."""
+    not matching and waits or builds, never takes a tar unchecked. Under ``lock`` (the key's,
+    this process's) both are published only while it is still this process's, holding its
+    claim; else :class:`LockLost` (naming its holder now) and ``part`` is removed: a builder
+    whose lock was taken over never replaces the new holder's wheel or its sum."""
     digest = digest or apex_build.sha256_of(part)
-    tmp = f"{local_tar}.sha256.tmp"
+    tmp = f"{local_tar}.sha256.{_mine_suffix()}.tmp"
     with open(tmp, "w") as handle:
         handle.write(f"{digest}  {apex_build.WHEEL_TAR}\n")
-    publish(part, local_tar)
-    publish(tmp, f"{local_tar}.sha256")
-    return digest
+    if lock is None:
+        publish(part, local_tar)
+        publish(tmp, f"{local_tar}.sha256")
+        return digest
+    for name in (part, tmp):  # on disk before the claim: under it only the renames
+        with open(name, "rb+") as handle:
+            os.fsync(handle.fileno())
+    with lock._owned() as mine:
+        if mine:
+            publish(part, local_tar)
+            publish(tmp, f"{local_tar}.sha256")
+            return digest
+    for name in (part, tmp):
+        os.unlink(name)
+    raise LockLost(lock.lost_why())

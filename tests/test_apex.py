@@ -17,7 +17,7 @@ import pytest
 from pyinfra.api import State
 from pyinfra.facts.files import Directory, File
 
-from p40fleet import apex_build, preflight
+from p40fleet import apex_build, apex_cache, preflight
 from p40fleet.facts.env import Dist, EnvDistributions, EnvPython, EnvPythonState, MarkerText
 from p40fleet.facts.gpu import PciGpu, PciGpus
 from p40fleet.gpu_catalog import lookup
@@ -440,17 +440,19 @@ def test_fetch_wheel_records_the_sum_only_after_a_complete_copy(tmp_path):
     assert not any(c.endswith(f"{local}") and "download" in c for c in result.commands)
     record, run = result.functions[-1].function, State()  # pyinfra passes the run's State
     os.makedirs(os.path.dirname(local), exist_ok=True)  # files.get may have made it
+    part = apex_cache.part_of(local)  # this controller process's temporary name
     # the copy was cut short: the builder's sum does not match, nothing is recorded
-    _wheel_tar(local + ".part")
-    full = apex_build.sha256_of(local + ".part")
-    with open(local + ".part", "r+b") as handle:
+    _wheel_tar(part)
+    full = apex_build.sha256_of(part)
+    with open(part, "r+b") as handle:
         handle.truncate(1000)
-    open(local + ".part.sha256", "w").write(full + "\n")
+    open(part + ".sha256", "w").write(full + "\n")
     assert record(run, LOG_HOST) is False
     assert not os.path.exists(local) and not os.path.exists(local + ".sha256")
+    assert not os.path.exists(part)  # removed: no re-run reuses this process's name
     # a complete copy: renamed into place, its sum recorded next to it
-    _wheel_tar(local + ".part")
-    open(local + ".part.sha256", "w").write(full + "\n")
+    _wheel_tar(part)
+    open(part + ".sha256", "w").write(full + "\n")
     assert record(run, LOG_HOST) is True
     assert apex_build.controller_wheel_ok(local) == (
         True,
@@ -467,8 +469,8 @@ def test_fetch_wheel_takes_roots_copy_and_roots_sum_never_the_users(tmp_path):
     )
     assert not any("su -s" in c or "/home/verl" in c for c in result.commands), result.commands
     assert result.commands == [
-        f"FileDownloadCommand({staged}, {local}.part)",
-        f"FileDownloadCommand({staged}.sha256, {local}.part.sha256)",
+        f"FileDownloadCommand({staged}, {apex_cache.part_of(local)})",
+        f"FileDownloadCommand({staged}.sha256, {apex_cache.part_of(local)}.sha256)",
         f"rm -f {staged} {staged}.sha256",
         "function _record",
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -155,9 +156,8 @@ def test_a_torn_wheel_is_never_visible_under_the_final_name(tmp_path):
         # a controller killed half way through writing the wheel: nothing under the final name
         killed = _controller(tmp_path, "a", chunks=40, delay=0.05)
         _start(tmp_path, [killed], "a")
-        part = Path(f"{tar}.part")
         deadline = time.monotonic() + 60
-        while not (part.exists() and part.stat().st_size > 64 * 1024):
+        while not any(p.stat().st_size > 64 * 1024 for p in Path(tar).parent.glob("*.part.*")):
             assert time.monotonic() < deadline and killed.poll() is None
             time.sleep(0.01)
         killed.send_signal(signal.SIGKILL)
@@ -321,3 +321,133 @@ def test_a_takers_claim_on_a_stale_lock_is_respected_while_it_lives(monkeypatch,
     assert "took over the stale build lock of controller ctl-old" in got.message
     lock.release()
     assert os.listdir(path.parent) == [], os.listdir(path.parent)
+
+
+# -- a holder judged stale but alive (paused, or its refreshes lost): it wakes and acts ------
+
+
+def _holders(monkeypatch, tmp_path) -> tuple[apex_cache.BuildLock, apex_cache.BuildLock, str]:
+    """Controllers A and B (two controller ids) of one key; A holds its lock, silent for 11
+    minutes by the cache dir's clock: B may take it over."""
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path))
+    tar = apex_build.controller_wheel(KEY)
+    a, b = (apex_cache.BuildLock.beside(tar) for _ in "ab")
+    a.me = replace(a.me, controller="ctl-a", controller_id="a" * 32)
+    b.me = replace(b.me, controller="ctl-b", controller_id="b" * 32)
+    assert a.acquire().kind == "taken"
+    old = time.time() - 660
+    os.utime(a.path, (old, old))
+    return a, b, tar
+
+
+def _paused_before(monkeypatch, name: str, path: str, then) -> list[bool]:
+    """``os.<name>`` that, the first time it acts on ``path`` (or a descriptor), runs ``then``
+    before acting: the holder woke there, between its last look and its act."""
+    primitive, fired = getattr(os, name), []
+
+    def paused(target, *args, **kwargs):
+        if not fired and (target == path or isinstance(target, int)):
+            fired.append(True)
+            then()
+        return primitive(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, name, paused)
+    return fired
+
+
+def test_a_holder_that_wakes_after_its_takeover_releases_nothing_of_the_new_holders(
+    monkeypatch, tmp_path
+):
+    """A looked (the lock was its own), then paused; B took over in that pause. Before, A's
+    unlink removed B's lock (a third controller could then take it: two builders). A releases
+    holding the claim a taker of its lock must hold, so B waits for it; its lock stays B's."""
+    a, b, _tar = _holders(monkeypatch, tmp_path)
+    got = {}
+    fired = _paused_before(monkeypatch, "unlink", a.path, lambda: got.update(b=b.acquire()))
+    a.release()
+    monkeypatch.undo()
+    assert fired, "A's release removed nothing"
+    assert not (got["b"].kind == "taken" and not b.held_by_me()), "A removed B's lock"
+    assert got["b"].kind == "held" and got["b"].holder.controller == "ctl-a", got
+    assert not os.path.exists(a.path)  # A's own, removed; B takes it now
+    assert b.acquire().kind == "taken" and b.held_by_me()
+    b.release()
+    assert os.listdir(os.path.dirname(a.path)) == []  # no claim left behind
+
+
+def test_a_holder_that_wakes_after_its_takeover_never_refreshes_the_new_holders_lock(
+    monkeypatch, tmp_path
+):
+    """A read its lock for a refresh, then paused; B took over and went silent. Before, A's
+    utime by name refreshed B's lock (B dead would stay live for STALE_S more); A refreshes the
+    file it read, and at its next beat sees the lock is not its own and stops."""
+    a, b, _tar = _holders(monkeypatch, tmp_path)
+    b_silent = time.time() - 300
+
+    def b_takes_over() -> None:
+        assert b.acquire().kind == "taken"
+        os.utime(b.path, (b_silent, b_silent))  # B's own refreshes, as late as they may be
+        a._stop.set()  # one beat of A's, driven here
+
+    a.heartbeat_s = 0
+    fired = _paused_before(monkeypatch, "utime", a.path, b_takes_over)
+    a._heartbeat()
+    monkeypatch.undo()
+    assert fired and b.held_by_me() and not a.held_by_me()
+    assert abs(os.stat(b.path).st_mtime - b_silent) < 1, "A refreshed B's lock"
+    b.release()
+
+
+def test_a_builder_whose_lock_was_taken_over_mid_build_leaves_the_new_holders_wheel(
+    monkeypatch, tmp_path
+):
+    """A's build outlived its lock (B took it over and stored its wheel meanwhile). Before, A's
+    record renamed its own tar over B's; now it is not recorded (naming what happened) and A
+    uses B's wheel."""
+    monkeypatch.setenv(controller.CACHE_ENV, str(tmp_path))
+    tar = apex_build.controller_wheel(KEY)
+    b = apex_cache.BuildLock.beside(tar)
+    b.me = replace(b.me, controller="ctl-b", controller_id="b" * 32)
+    lines: list[str] = []
+
+    def a_builds(part: str) -> None:
+        old = time.time() - 660
+        os.utime(b.path, (old, old))  # A's lock: its refreshes stopped
+        got = b.acquire()
+        assert got.kind == "taken" and "took over the stale build lock of controller" in got.message
+        Path(f"{tar}.part.b").write_bytes(b"B's wheel")
+        apex_cache.record(f"{tar}.part.b", tar)
+        b.release()
+        Path(part).write_bytes(b"A's wheel")
+
+    local, built = apex_cache.obtain(KEY, a_builds, log=lines.append, poll_s=0.01)
+    assert local == tar and Path(tar).read_bytes() == b"B's wheel", lines
+    assert apex_build.controller_wheel_ok(tar)[0] and built is False
+    assert any(f"was taken over from controller {socket.gethostname()}" in m for m in lines)
+    assert sorted(os.listdir(os.path.dirname(tar))) == ["apex-wheel.tar", "apex-wheel.tar.sha256"]
+
+
+def test_a_fetched_wheel_is_not_recorded_once_the_runs_lock_was_taken_over(monkeypatch, tmp_path):
+    """The builder host's copy arrives after this run's lock was taken over (B builds the key
+    now): the copy is not recorded over B's coming wheel, the line names B, B keeps its lock
+    and this run's uploads wait for B's wheel (the fetch itself did not fail)."""
+    from pyinfra.api import State
+
+    from tests.test_apex import _wheel_tar
+
+    a, b, tar = _holders(monkeypatch, tmp_path)
+    run = State()
+    apex_cache.hold(run, a)
+    assert b.acquire().kind == "taken"  # A's run is still building
+    result = run_op(apex.fetch_wheel, remote_tar="/w/apex-wheel.tar", local_tar=tar, facts={},
+                    default_facts=True)  # fmt: skip
+    part = apex_cache.part_of(tar)
+    _wheel_tar(part)
+    Path(f"{part}.sha256").write_text(apex_build.sha256_of(part) + "\n")
+    lines: list[str] = []
+    host = SimpleNamespace(name="lab1", log_styled=lambda m, **_: lines.append(m))
+    assert result.functions[-1].function(run, host) is True
+    assert not os.path.exists(tar) and b.held_by_me(), lines
+    assert "held now by controller ctl-b (pid" in lines[-1] and "not recorded" in lines[-1]
+    assert sorted(os.listdir(os.path.dirname(tar))) == ["build.lock"]  # A's copies removed
+    b.release()
