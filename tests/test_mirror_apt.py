@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from email.utils import formatdate
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -517,7 +518,7 @@ def test_the_cli_refuses_a_missing_keyring_and_an_unchecked_http_upstream(
 def _flat_release(index: dict[str, bytes], hashes: tuple[str, ...] = ("MD5Sum", "SHA256")) -> str:
     """A flat repository's Release as p40lab/apt.py writes one (no Suite, no Components),
     listing ``index`` under each of ``hashes``."""
-    lines = ["Origin: fake flat", "Label: fake flat"]
+    lines = ["Origin: fake flat", "Label: fake flat", f"Date: {formatdate(usegmt=True)}"]
     for field in hashes:
         algorithm = {"MD5Sum": hashlib.md5, "SHA256": hashlib.sha256}[field]
         lines.append(f"{field}:")
@@ -693,6 +694,13 @@ def test_flat_suite_and_filename_may_not_leave_the_repository():
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("apt-get"), reason="apt-get as root")
 def test_apt_get_accepts_a_mirror_of_a_flat_upstream_signed_by_its_key(tmp_path, flat):
+    # the fixture is a flat repository as apt reads one (deb URL ./, Filename relative to URL)
+    upstream = f"deb [signed-by={flat['ring']}] {flat['url']} ./\n"
+    direct = _apt_get(tmp_path / "direct", upstream, "update")
+    assert direct.returncode == 0 and "W:" not in direct.stdout + direct.stderr, direct.stdout
+    direct = _apt_get(tmp_path / "direct", upstream, "install", "-y", "--download-only",
+                      "--no-install-recommends", "libc6")  # fmt: skip
+    assert direct.returncode == 0, direct.stdout + direct.stderr  # debs/libc6_...deb
     mirror = tmp_path / "mirror"
     block = build(mirror, [], progress=False, apt=_flat_plan(flat, flat["ring"])).apt
     assert block is not None
