@@ -333,10 +333,17 @@ def test_a_deb_whose_sum_differs_from_the_index_is_refused_and_named(tmp_path, a
     assert (tmp_path / "mirror/apt/pool/main/d/dkms").is_dir()  # the rest was fetched
 
 
+def _flip_middle_byte(data: bytes) -> bytes:
+    """``data`` with one byte changed and its length kept (a longer index would be refused for
+    its size before its sum is looked at)."""
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1 :]
+
+
 def test_an_index_whose_sum_differs_from_the_release_is_refused(tmp_path, archive):
     index = archive["root"] / "dists/focal/main/binary-amd64/Packages.gz"
     original = index.read_bytes()
-    index.write_bytes(gzip.compress(gzip.decompress(original) + b"\n", mtime=0))
+    index.write_bytes(_flip_middle_byte(original))  # the size the Release says, another sum
     try:
         with pytest.raises(MirrorError, match="Packages.gz: sha256 .* is not the pinned"):
             build(tmp_path / "mirror", [], progress=False, apt=_plan(archive))
@@ -625,7 +632,7 @@ def test_flat_a_deb_whose_sum_differs_from_the_index_is_refused_and_named(tmp_pa
 
 def test_flat_an_index_whose_sum_differs_from_the_release_is_refused(tmp_path, flat):
     index = flat["repo"] / "Packages.gz"
-    index.write_bytes(gzip.compress(flat["index"]["Packages"] + b"\n", mtime=0))
+    index.write_bytes(_flip_middle_byte(flat["index"]["Packages.gz"]))
     try:
         with pytest.raises(MirrorError, match="flat/Packages.gz: sha256 .* is not the pinned"):
             build(tmp_path / "mirror", [], progress=False, apt=_flat_plan(flat, flat["ring"]))
