@@ -266,9 +266,12 @@ def _flat_index(
             "the index against. Fix: an upstream whose Release lists its indexes' sums, or "
             "--allow-unverified-upstream to take the index unchecked"
         )
+    if refresh:  # a stale index of another compression must not stand in for the new one
+        for name, _ in _INDEX_NAMES:
+            (cache / name).unlink(missing_ok=True)
     for name, unpack in _INDEX_NAMES:
         local = cache / name
-        if refresh or not local.is_file():
+        if not local.is_file():
             try:
                 data = _read(f"{url}/{name}")
             except FetchError:
