@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from email.utils import formatdate
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +39,7 @@ from p40fleet.mirror.debian import (
     relations,
     release_sums,
 )
+from p40fleet.mirror.fetch import FetchError
 from p40fleet.mirror.serve import RangeFileHandler
 
 pytestmark = pytest.mark.skipif(
@@ -97,31 +99,39 @@ def _release(sums: dict[str, bytes], suite: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _make_deb(work: Path, deb: Path, name: str, version: str, arch: str, fields: dict) -> str:
+    """A real .deb at ``deb`` (dpkg-deb --build); returns its control text."""
+    pkg = work / f"{name}_{version}"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    control = {"Package": name, "Version": version, "Architecture": arch,
+               "Maintainer": "t <t@t>", **fields,
+               "Description": f"fake {name}\n a test package"}  # fmt: skip
+    text = "".join(f"{k}: {v}\n" for k, v in control.items())
+    (pkg / "DEBIAN/control").write_text(text)
+    (pkg / "usr/share/doc" / name).mkdir(parents=True)
+    (pkg / "usr/share/doc" / name / "README").write_text(f"{name} {version}\n")
+    deb.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(pkg),
+                    str(deb)], check=True, capture_output=True)  # fmt: skip
+    return text
+
+
+def _stanza(text: str, rel: str, data: bytes) -> str:
+    """An index paragraph for control ``text`` of a .deb at ``rel`` holding ``data``."""
+    return text.replace(
+        "Description:", f"Filename: {rel}\nSize: {len(data)}\nSHA256: {_sum(data)}\nDescription:"
+    )
+
+
 def _build_upstream(root: Path, work: Path, home: Path) -> dict[str, Path]:
     """The fake archive under ``root``: pool/ + dists/SUITE/{Release,Release.gpg,main/...}."""
     stanzas: dict[str, list[str]] = {}
     debs = {}
     for suite, name, version, arch, fields in UPSTREAM:
-        pkg = work / f"{name}_{version}"
-        (pkg / "DEBIAN").mkdir(parents=True)
-        control = {"Package": name, "Version": version, "Architecture": arch,
-                   "Maintainer": "t <t@t>", **fields,
-                   "Description": f"fake {name}\n a test package"}  # fmt: skip
-        text = "".join(f"{k}: {v}\n" for k, v in control.items())
-        (pkg / "DEBIAN/control").write_text(text)
-        (pkg / "usr/share/doc" / name).mkdir(parents=True)
-        (pkg / "usr/share/doc" / name / "README").write_text(f"{name} {version}\n")
         rel = f"pool/main/{name[0]}/{name}/{name}_{version}_{arch}.deb"
         deb = root / rel
-        deb.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(pkg),
-                        str(deb)], check=True, capture_output=True)  # fmt: skip
-        data = deb.read_bytes()
-        stanza = text.replace(
-            "Description:",
-            f"Filename: {rel}\nSize: {len(data)}\nSHA256: {_sum(data)}\nDescription:",
-        )
-        stanzas.setdefault(suite, []).append(stanza)
+        text = _make_deb(work, deb, name, version, arch, fields)
+        stanzas.setdefault(suite, []).append(_stanza(text, rel, deb.read_bytes()))
         debs[name if suite == "focal" or name != "make" else "make-updates"] = deb
     for suite, entries in stanzas.items():
         dist = root / "dists" / suite
@@ -165,7 +175,8 @@ def archive(tmp_path_factory):
     debs = _build_upstream(root, tmp / "work", tmp / "archive-key")
     log = tmp / "upstream-access.log"
     server, base = _serve(root, log)
-    yield {"root": root, "base": base, "ring": ring, "other": other, "debs": debs, "log": log}
+    yield {"root": root, "base": base, "ring": ring, "other": other, "debs": debs, "log": log,
+           "home": tmp / "archive-key"}  # fmt: skip
     server.shutdown()
     for home in ("archive-key", "other-key"):
         subprocess.run(["gpgconf", "--homedir", str(tmp / home), "--kill", "gpg-agent"])
@@ -363,10 +374,17 @@ def test_a_deb_whose_sum_differs_from_the_index_is_refused_and_named(tmp_path, a
     assert (tmp_path / "mirror/apt/pool/main/d/dkms").is_dir()  # the rest was fetched
 
 
+def _flip_middle_byte(data: bytes) -> bytes:
+    """``data`` with one byte changed and its length kept (a longer index would be refused for
+    its size before its sum is looked at)."""
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 1]) + data[middle + 1 :]
+
+
 def test_an_index_whose_sum_differs_from_the_release_is_refused(tmp_path, archive):
     index = archive["root"] / "dists/focal/main/binary-amd64/Packages.gz"
     original = index.read_bytes()
-    index.write_bytes(gzip.compress(gzip.decompress(original) + b"\n", mtime=0))
+    index.write_bytes(_flip_middle_byte(original))  # the size the Release says, another sum
     try:
         with pytest.raises(MirrorError, match="Packages.gz: sha256 .* is not the pinned"):
             build(tmp_path / "mirror", [], progress=False, apt=_plan(archive))
@@ -540,3 +558,265 @@ def test_the_cli_refuses_a_missing_keyring_and_an_unchecked_http_upstream(
     err = capsys.readouterr().err
     assert "plain-http upstream and no --upstream-keyring" in err and "MISSING apt:" in err
     assert not (tmp_path / "m/apt").exists()
+
+
+# -- a flat upstream (Debian's "Flat Repository Format": deb URL ./) ---------------------------
+
+
+def _flat_release(index: dict[str, bytes], hashes: tuple[str, ...] = ("MD5Sum", "SHA256")) -> str:
+    """A flat repository's Release as p40lab/apt.py writes one (no Suite, no Components),
+    listing ``index`` under each of ``hashes``."""
+    lines = ["Origin: fake flat", "Label: fake flat", f"Date: {formatdate(usegmt=True)}"]
+    for field in hashes:
+        algorithm = {"MD5Sum": hashlib.md5, "SHA256": hashlib.sha256}[field]
+        lines.append(f"{field}:")
+        lines += [f" {algorithm(d).hexdigest()} {len(d)} {p}" for p, d in sorted(index.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _sign_flat(flat: Path, release: str, home: Path) -> None:
+    """Write ``release`` as ``flat``'s Release, with its Release.gpg and InRelease."""
+    (flat / "Release").write_text(release)
+    for path in ("Release.gpg", "InRelease"):
+        (flat / path).unlink(missing_ok=True)
+    _gpg(home, "--armor", "--detach-sign", "--output", str(flat / "Release.gpg"),
+         str(flat / "Release"))  # fmt: skip
+    _gpg(home, "--clearsign", "--output", str(flat / "InRelease"), str(flat / "Release"))
+
+
+@pytest.fixture(scope="module")
+def flat(tmp_path_factory, archive):
+    """UPSTREAM as one flat repository at BASE/flat: the .debs beside the Release
+    (``Filename: ./NAME.deb``, libc6's in a subdirectory without ``./``), Packages and
+    Packages.gz, a Release with MD5Sum and SHA256 (as the lab's), signed by the archive key."""
+    tmp = tmp_path_factory.mktemp("flat")
+    root, work = tmp / "upstream", tmp / "work"
+    repo = root / "flat"
+    stanzas, debs = [], {}
+    for _suite, name, version, arch, fields in UPSTREAM:
+        rel = f"debs/{name}_{version}_{arch}.deb" if name == "libc6" else \
+            f"./{name}_{version}_{arch}.deb"  # fmt: skip
+        deb = repo / rel
+        text = _make_deb(work, deb, name, version, arch, fields)
+        stanzas.append(_stanza(text, rel, deb.read_bytes()))
+        debs[f"{name}_{version}"] = deb
+    packages = "\n".join(stanzas).encode()
+    (repo / "Packages").write_bytes(packages)
+    (repo / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
+    index = {n: (repo / n).read_bytes() for n in ("Packages", "Packages.gz")}
+    _sign_flat(repo, _flat_release(index), archive["home"])
+    log = tmp / "flat-access.log"
+    server, base = _serve(root, log)
+    yield {"repo": repo, "url": f"{base}/flat", "base": base, "debs": debs, "log": log,
+           "index": index, "ring": archive["ring"], "home": archive["home"]}  # fmt: skip
+    server.shutdown()
+
+
+def _flat_plan(flat, keyring: Path | None = None, **kw) -> AptPlan:
+    upstream = apt_repo.Upstream(url=flat["url"], suites=("./",), keyring=keyring, **kw)
+    return AptPlan(tuple(apt_repo.deploy_packages([KERNEL])), upstream,
+                   base_url="http://10.0.0.5:8111")  # fmt: skip
+
+
+def test_flat_build_mirrors_the_closure_and_a_second_build_fetches_nothing(tmp_path, flat):
+    mirror = tmp_path / "mirror"
+    before = len(_log_lines(flat["log"]))
+    result = build(mirror, [], progress=False, apt=_flat_plan(flat, flat["ring"]))
+    assert result.fetched["apt"][0] == len(CLOSURE)
+    gets = _log_lines(flat["log"])[before:]
+    assert any("/flat/InRelease " in g for g in gets), gets  # the flat Release, signed
+    assert not any("/dists/" in g for g in gets), gets
+    assert len([g for g in gets if ".deb " in g]) == len(CLOSURE)
+    # the mirror is dists-style as for any upstream: suite focal, component main, .debs in pool/
+    binary = mirror / "apt/dists/focal/main/binary-amd64"
+    packages = {p["Package"]: p for p in paragraphs((binary / "Packages").read_text())}
+    assert set(packages) == CLOSURE
+    assert packages["make"]["Version"] == "4.2.1-1.2"  # the higher of the index's two
+    assert packages["kmod"]["Filename"] == "pool/kmod_27-1ubuntu2_amd64.deb"
+    assert packages["libc6"]["Filename"] == "pool/debs/libc6_2.31-0ubuntu9_amd64.deb"
+    for stanza in packages.values():
+        kept = mirror / "apt" / stanza["Filename"]
+        upstream = flat["debs"][f"{stanza['Package']}_{stanza['Version']}"]
+        assert kept.read_bytes() == upstream.read_bytes(), kept
+    release = mirror / "apt/dists/focal/Release"
+    key = mirror / "apt/p40fleet-mirror.gpg"
+    subprocess.run(["gpgv", "--keyring", str(key), str(release.parent / "Release.gpg"),
+                    str(release)], check=True, capture_output=True)  # fmt: skip
+    assert result.apt is not None and result.apt["suite"] == "focal"
+    assert result.apt["components"] == ["main"]
+    assert verify(mirror)[0] == []
+
+    signed = (release.parent / "InRelease").read_bytes()
+    mark = len(_log_lines(flat["log"]))
+    again = build(mirror, [], progress=False, apt=_flat_plan(flat, flat["ring"]))
+    assert again.fetched == {}
+    assert _log_lines(flat["log"])[mark:] == []  # not even the Release
+    assert (release.parent / "InRelease").read_bytes() == signed
+
+
+def test_flat_a_deb_whose_sum_differs_from_the_index_is_refused_and_named(tmp_path, flat):
+    deb = flat["debs"]["kmod_27-1ubuntu2"]
+    original = deb.read_bytes()
+    deb.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    try:
+        with pytest.raises(MirrorError) as caught:
+            build(tmp_path / "mirror", [], progress=False, apt=_flat_plan(flat, flat["ring"]))
+    finally:
+        deb.write_bytes(original)
+    text = str(caught.value)
+    assert "apt ./kmod_27-1ubuntu2_amd64.deb: " in text and "is not the pinned" in text
+    assert "the repository index is not written" in text
+    assert not (tmp_path / "mirror/apt/pool/kmod_27-1ubuntu2_amd64.deb").exists()
+    assert not (tmp_path / "mirror/apt/dists").exists()
+    assert (tmp_path / "mirror/apt/pool/make_4.2.1-1.2_amd64.deb").is_file()  # the rest
+
+
+def test_flat_an_index_whose_sum_differs_from_the_release_is_refused(tmp_path, flat):
+    index = flat["repo"] / "Packages.gz"
+    index.write_bytes(_flip_middle_byte(flat["index"]["Packages.gz"]))
+    try:
+        with pytest.raises(MirrorError, match="flat/Packages.gz: sha256 .* is not the pinned"):
+            build(tmp_path / "mirror", [], progress=False, apt=_flat_plan(flat, flat["ring"]))
+    finally:
+        index.write_bytes(flat["index"]["Packages.gz"])
+    assert not list((tmp_path / "mirror").rglob("*.deb"))
+
+
+def test_flat_a_release_with_md5_only_or_no_sum_needs_allow_unverified(tmp_path, flat):
+    """SHA256 when the Release lists it (the MD5Sum checked too); MD5Sum only, or no sum, is
+    refused unless allow_unverified, and then said in a note (checked against the MD5)."""
+    repo, home, ring = flat["repo"], flat["home"], flat["ring"]
+    original = {n: (repo / n).read_bytes() for n in ("Release", "Release.gpg", "InRelease")}
+    try:
+        # the SHA256 matches but the MD5Sum does not: refused all the same
+        bad_md5 = _flat_release(flat["index"]).replace(
+            hashlib.md5(flat["index"]["Packages.gz"]).hexdigest(), "0" * 32)  # fmt: skip
+        _sign_flat(repo, bad_md5, home)
+        with pytest.raises(MirrorError, match="Packages.gz: md5 .* is not the pinned 0{32}"):
+            build(tmp_path / "m0", [], progress=False, apt=_flat_plan(flat, ring))
+        _sign_flat(repo, _flat_release(flat["index"], ("MD5Sum",)), home)
+        with pytest.raises(MirrorError, match="Packages.gz with an MD5Sum only .*allow-unver"):
+            build(tmp_path / "m1", [], progress=False, apt=_flat_plan(flat, ring))
+        assert not (tmp_path / "m1/apt").exists()
+        _, notes = apt_repo.read_indexes(tmp_path / "m2", _flat_plan(
+            flat, ring, allow_unverified=True).upstream)  # fmt: skip
+        assert notes == [f"{flat['url']}/Packages.gz: checked against the Release's MD5Sum "
+                         "only (no SHA256)"]  # fmt: skip
+        (repo / "Packages.gz").write_bytes(gzip.compress(b"Package: x\n", mtime=0))
+        try:  # and that MD5 is checked
+            with pytest.raises(FetchError, match="Packages.gz: md5 .* is not the pinned"):
+                apt_repo.read_indexes(tmp_path / "m3", _flat_plan(
+                    flat, ring, allow_unverified=True).upstream)  # fmt: skip
+        finally:
+            (repo / "Packages.gz").write_bytes(flat["index"]["Packages.gz"])
+        _sign_flat(repo, _flat_release(flat["index"], ()), home)
+        with pytest.raises(MirrorError, match="lists no SHA256 \\(nor MD5Sum\\) of a Packages"):
+            build(tmp_path / "m4", [], progress=False, apt=_flat_plan(flat, ring))
+        unchecked = build(tmp_path / "m5", [], progress=False,
+                          apt=_flat_plan(flat, ring, allow_unverified=True))  # fmt: skip
+        assert unchecked.fetched["apt"][0] == len(CLOSURE)
+    finally:
+        for name, data in original.items():
+            (repo / name).write_bytes(data)
+
+
+def test_flat_the_release_signature_is_checked(tmp_path, flat, archive):
+    with pytest.raises(MirrorError, match="flat/InRelease: the signature does not verify"):
+        build(tmp_path / "m1", [], progress=False, apt=_flat_plan(flat, archive["other"]))
+    with pytest.raises(MirrorError, match="plain-http upstream and no --upstream-keyring"):
+        build(tmp_path / "m2", [], progress=False, apt=_flat_plan(flat))
+    assert not list(tmp_path.rglob("*.deb"))
+
+
+def test_flat_suite_and_filename_may_not_leave_the_repository():
+    with pytest.raises(AptError, match="without '..'"):
+        apt_repo.flat_dir("../")
+    assert [apt_repo.flat_dir(s) for s in ("./", "/", "sub/", "focal")] == ["", "", "sub", None]
+    package = Package({"Package": "p", "Version": "1", "Filename": "./../p.deb"}, "u", flat=True)
+    with pytest.raises(AptError, match="no relative path inside"):
+        apt_repo._pool_path(package)
+    dists = Package({"Package": "p", "Version": "1", "Filename": "./p.deb"}, "u")
+    with pytest.raises(AptError, match="no relative path inside"):  # as before: dists-style
+        apt_repo._pool_path(dists)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("apt-get"), reason="apt-get as root")
+def test_apt_get_accepts_a_mirror_of_a_flat_upstream_signed_by_its_key(tmp_path, flat):
+    # the fixture is a flat repository as apt reads one (deb URL ./, Filename relative to URL)
+    upstream = f"deb [signed-by={flat['ring']}] {flat['url']} ./\n"
+    direct = _apt_get(tmp_path / "direct", upstream, "update")
+    assert direct.returncode == 0 and "W:" not in direct.stdout + direct.stderr, direct.stdout
+    direct = _apt_get(tmp_path / "direct", upstream, "install", "-y", "--download-only",
+                      "--no-install-recommends", "libc6")  # fmt: skip
+    assert direct.returncode == 0, direct.stdout + direct.stderr  # debs/libc6_...deb
+    mirror = tmp_path / "mirror"
+    block = build(mirror, [], progress=False, apt=_flat_plan(flat, flat["ring"])).apt
+    assert block is not None
+    server, base = _serve(mirror, tmp_path / "mirror-access.log")
+    try:
+        line = (f"deb [signed-by={block['signed_by']}] {base}/apt {block['suite']} "
+                f"{' '.join(block['components'])}\n")  # fmt: skip
+        update = _apt_get(tmp_path / "ok", line, "update")
+        out = update.stdout + update.stderr
+        assert update.returncode == 0 and "W:" not in out, out
+        got = _apt_get(tmp_path / "ok", line, "install", "-y", "--download-only",
+                       "--no-install-recommends", *apt_repo.deploy_packages([KERNEL]))  # fmt: skip
+        assert got.returncode == 0, got.stdout + got.stderr
+        fetched = {p.name.split("_")[0] for p in (tmp_path / "ok/cache/archives").glob("*.deb")}
+        assert fetched == CLOSURE
+    finally:
+        server.shutdown()
+
+
+def test_the_cli_reads_a_flat_upstream_and_refuses_components_for_it(
+    tmp_path, flat, monkeypatch, capsys
+):
+    from p40fleet.mirror import __main__ as cli
+
+    monkeypatch.setattr(cli, "fleet_of", lambda inventory: ([], []))
+    common = ["build", str(tmp_path / "m"), "--quiet", "--kernel", KERNEL,
+              "--apt-upstream", flat["url"], "--apt-suite", "./",
+              "--upstream-keyring", str(flat["ring"])]  # fmt: skip
+    assert cli.main([*common, "--apt-component", "main"]) == 2
+    err = capsys.readouterr().err
+    assert "--apt-component main: a flat upstream (--apt-suite ./) has no components" in err
+    assert not (tmp_path / "m").exists()
+    assert cli.main(common) == 0
+    out = capsys.readouterr().out
+    block = json.loads(out.split('stack["mirror"] = ', 1)[1])
+    assert block["apt"]["suite"] == "focal" and block["apt"]["components"] == ["main"]
+
+
+def test_the_builder_reads_a_flat_repository_written_by_the_labs_writer(tmp_path):
+    """p40lab/apt.py's own repository (its Release unsigned, MD5Sum and SHA256, ``./`` file
+    names), the packages it gets from Debian stood in by tiny .debs: the deploy's closure."""
+    lab_apt = pytest.importorskip("p40lab.apt")
+    work = tmp_path / "work"
+    extra = [("kmod", "27-1", {}), ("make", "4.2.1-1.2", {}),
+             ("fakecc", "1.0", {"Provides": "c-compiler"}), ("build-essential", "12.8", {}),
+             ("pkg-config", "0.29.1", {}), ("libglvnd-dev", "1.3.1-1", {})]  # fmt: skip
+    debian = []
+    for name, version, fields in extra:
+        deb = work / "debian" / f"{name}.deb"
+        _make_deb(work / "trees", deb, name, version, "amd64", fields)
+        debian.append(deb)
+    root = tmp_path / "lab"
+    lab_apt.build_apt(root / "apt", KERNEL, work, debian)
+    release = (root / "apt/Release").read_text()
+    assert "SHA256:" in release and "Suite:" not in release  # what the lab writes, as assumed
+    log = tmp_path / "lab-access.log"
+    server, base = _serve(root, log)
+    try:
+        upstream = apt_repo.Upstream(url=f"{base}/apt", suites=("./",), allow_unverified=True)
+        plan = AptPlan(tuple(apt_repo.deploy_packages([KERNEL])), upstream)
+        result = build(tmp_path / "mirror", [], progress=False, apt=plan)
+    finally:
+        server.shutdown()
+    want = {"dkms", f"linux-headers-{KERNEL}", *(name for name, _, _ in extra)}
+    packages = paragraphs((tmp_path / "mirror/apt/dists/focal/main/binary-amd64/Packages")
+                          .read_text())  # fmt: skip
+    assert {p["Package"] for p in packages} == want
+    for stanza in packages:
+        kept = tmp_path / "mirror/apt" / stanza["Filename"]
+        assert kept.read_bytes() == (root / "apt" / kept.name).read_bytes()
+    assert result.apt is not None and verify(tmp_path / "mirror")[0] == []

@@ -10,7 +10,10 @@ The apt part runs when a kernel release is known: ``--kernel`` (the releases ``u
 on the hosts), and/or ``--facts FILE``: ``pyinfra INVENTORY fact server.KernelVersion --json >
 FILE``, each inventory host's release (with ``--inventory``, a host the file lacks is named:
 its headers are not fetched). It mirrors the deploy's apt packages, ``linux-headers-`` of each
-kernel, and their dependencies, republished as a signed repository under ``DIR/apt``.
+kernel, and their dependencies, republished as a signed repository under ``DIR/apt``. The
+upstream is dists-style (``URL/dists/SUITE/...``) or, with ``--apt-suite ./`` (a suite ending in
+``/``, as in apt's ``deb URL ./``), a flat repository (``URL/Release``, ``URL/Packages[.gz]``, no
+components); the mirror is dists-style either way.
 
 Exit codes as the verify CLI's: 0 done / every file matches, 1 something could not be fetched
 or does not match (each named), 2 a usage error or a spec that does not validate.
@@ -136,25 +139,31 @@ def _parser() -> argparse.ArgumentParser:
         "--apt-upstream",
         default=apt_repo.UBUNTU_ARCHIVE,
         metavar="URL",
-        help="the dists-style repository to fetch from (default %(default)s)",
+        help="the repository to fetch from: dists-style, or flat with --apt-suite ./ "
+        "(default %(default)s)",
     )
     a.add_argument("--apt-suite", action="append", metavar="SUITE",
                    help="upstream suite (repeat; default: focal, focal-updates, "
-                   "focal-security); the mirror's suite is the first")  # fmt: skip
+                   "focal-security); one ending in / is a flat repository's directory (./: "
+                   "URL/Release, URL/Packages); the mirror's suite is the first that is not "
+                   f"flat ({apt_repo.FLAT_MIRROR_SUITE} when all are)")  # fmt: skip
     a.add_argument(
         "--apt-component",
         action="append",
         metavar="C",
-        help="upstream component (repeat; default: main, universe)",
+        help="upstream component of the dists-style suites (repeat; default: main, "
+        "universe); refused when every suite is flat",
     )
     a.add_argument("--upstream-keyring", type=Path, metavar="FILE",
-                   help="check each upstream Release.gpg with gpgv against this keyring "
+                   help="check each upstream InRelease or Release.gpg (flat ones too) with "
+                   "gpgv against this keyring "
                    f"(default: {apt_repo.UBUNTU_KEYRING} when it exists and the upstream is "
                    "the Ubuntu archive)")  # fmt: skip
     a.add_argument(
         "--allow-unverified-upstream",
         action="store_true",
-        help="accept a plain-http upstream whose Release signature is not checked",
+        help="accept a plain-http upstream whose Release signature is not checked, and a "
+        "flat Release that lists its Packages index with an MD5Sum only, or no sum",
     )
     a.add_argument("--apt-installed", type=Path, metavar="STATUS",
                    help="a host's /var/lib/dpkg/status (as every host has it after the OS "
@@ -188,6 +197,12 @@ def _build(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     indexes = args.indexes or list(dict.fromkeys([PYPI_SIMPLE, *(str(s.torch.index_url)
                                                                  for s in specs)]))  # fmt: skip
+    suites = args.apt_suite or apt_repo.FOCAL_SUITES
+    if args.apt_component and all(s.endswith("/") for s in suites):
+        print(f"mirror build: --apt-component {' '.join(args.apt_component)}: a flat upstream "
+              f"(--apt-suite {' '.join(suites)}) has no components; drop --apt-component",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     plan = _apt_plan(args, sorted(kernels))
     if plan is not None and plan.upstream.keyring and not plan.upstream.keyring.is_file():
         print(f"mirror build: --upstream-keyring {plan.upstream.keyring}: no such file",

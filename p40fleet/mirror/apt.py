@@ -1,19 +1,26 @@
 """The mirror's apt repository: the packages the deploy installs and their dependencies, fetched
-from an upstream dists-style repository (the Ubuntu archive for focal), each byte checked, and
-republished as a dists-style repository signed with the mirror's own key (issue 27).
+from an upstream repository (the Ubuntu archive for focal; dists-style, or flat: a suite ending in
+``/``), each byte checked, and republished as a dists-style repository signed with the mirror's
+own key (issue 27).
 
 Chain of checks: the upstream ``Release`` is checked with ``gpgv`` against ``keyring`` when one
 is given (else not: the build says so, and refuses a plain-http upstream unless told
 ``allow_unverified``); each ``Packages`` index against that Release's SHA256; each ``.deb``
-against its index paragraph's SHA256 and Size. The closure is resolved in Python
+against its index paragraph's SHA256 and Size. A flat upstream (Debian's "Flat Repository
+Format", ``deb URL ./``: ``URL/Release`` and ``URL/Packages[.gz]``, no components) is read the
+same way, except that its Release may list weaker sums: SHA256 is used when listed, an MD5Sum
+only (or no sum) only with ``allow_unverified``; its .debs land under the mirror's ``pool/``
+(their ``Filename`` is rewritten to match). The closure is resolved in Python
 (:mod:`p40fleet.mirror.debian`, which says what it simplifies). Layout::
 
     DIR/apt/dists/SUITE/{Release,Release.gpg,InRelease}
     DIR/apt/dists/SUITE/main/binary-amd64/{Packages,Packages.gz}
-    DIR/apt/pool/...                 the .debs, at the upstream's Filename paths
+    DIR/apt/pool/...                 the .debs, at the upstream's Filename paths (a flat
+                                     upstream's under pool/)
     DIR/apt/p40fleet-mirror.gpg      the public key (stack.mirror.apt.signed_by)
     DIR/keys/                        the signing key (GNUPGHOME; never served)
     DIR/.cache/apt/SUITE/            the upstream Release and Packages last read
+    DIR/.cache/apt-flat/DIR/         the same for a flat upstream (DIR: the suite, "" for ./)
 
 How to use it, what is checked and what not, the numbers: docs/air-gapped-apt.md.
 
@@ -40,8 +47,8 @@ from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from p40fleet.mirror.debian import AptError, Package, paragraphs, release_sums
-from p40fleet.mirror.fetch import USER_AGENT, FetchError, fetch, sha256_of
+from p40fleet.mirror.debian import AptError, Package, paragraphs, release_hashes, release_sums
+from p40fleet.mirror.fetch import USER_AGENT, FetchError, digest_of, fetch, sha256_of
 from p40fleet.mirror.manifest import Entry, Manifest
 
 #: The default upstream: Ubuntu 20.04's archive, where a focal host's packages come from;
@@ -49,6 +56,9 @@ from p40fleet.mirror.manifest import Entry, Manifest
 UBUNTU_ARCHIVE = "http://archive.ubuntu.com/ubuntu"
 FOCAL_SUITES = ("focal", "focal-updates", "focal-security")
 FOCAL_COMPONENTS = ("main", "universe")
+#: The mirror's suite when every upstream suite is flat (a flat repository has no suite name;
+#: the hosts are Ubuntu 20.04).
+FLAT_MIRROR_SUITE = "focal"
 #: Ubuntu's archive key where a controller has it (package ubuntu-keyring).
 UBUNTU_KEYRING = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
 COMPONENT = "main"
@@ -58,9 +68,21 @@ _INDEX_NAMES = (("Packages.xz", lzma.decompress), ("Packages.gz", gzip.decompres
                 ("Packages.bz2", bz2.decompress), ("Packages", bytes))  # fmt: skip
 
 
+def flat_dir(suite: str) -> str | None:
+    """The directory of a flat suite (``./`` or ``/``: "", ``sub/``: "sub"), None for a
+    dists-style one; raises :class:`AptError` for a flat suite that leaves the repository."""
+    if not suite.endswith("/"):
+        return None
+    if ".." in suite.split("/"):
+        raise AptError(f"suite {suite!r}: a flat suite is a directory inside the upstream, "
+                       "without '..'")  # fmt: skip
+    return posixpath.normpath("/" + suite).strip("/")
+
+
 @dataclass(frozen=True)
 class Upstream:
-    """Where the packages come from: a dists-style repository and which of its indexes."""
+    """Where the packages come from: a repository and which of its indexes (``components``
+    apply to its dists-style suites only; a flat suite, ending in ``/``, has none)."""
 
     url: str = UBUNTU_ARCHIVE
     suites: tuple[str, ...] = FOCAL_SUITES
@@ -68,6 +90,12 @@ class Upstream:
     arch: str = "amd64"
     keyring: Path | None = None  # gpgv checks each Release.gpg against it when set
     allow_unverified: bool = False  # a plain-http upstream without a keyring
+
+    @property
+    def mirror_suite(self) -> str:
+        """The suite the mirror publishes: the first dists-style one, else
+        :data:`FLAT_MIRROR_SUITE`."""
+        return next((s for s in self.suites if not s.endswith("/")), FLAT_MIRROR_SUITE)
 
 
 def deploy_packages(kernels: Sequence[str]) -> list[str]:
@@ -110,14 +138,12 @@ def _gpgv(keyring: Path, *files: Path, output: Path | None = None) -> str | None
     )
 
 
-def _release_text(
-    base: str, suite: str, cache: Path, keyring: Path | None, refresh: bool, log
-) -> str:
-    """The suite's Release text, fetched once into ``cache`` (again when ``refresh``). With a
-    keyring, from ``InRelease`` (the signed text gpgv checked: one file, so a mirror caught
-    mid-update cannot pair one Release with another's signature), else ``Release`` and
-    ``Release.gpg``; without one, ``Release`` unchecked."""
-    url = f"{base}/dists/{suite}"
+def _release_text(url: str, cache: Path, keyring: Path | None, refresh: bool, log) -> str:
+    """The Release text at ``url`` (a suite's ``dists/SUITE``, a flat repository's
+    directory), fetched once into ``cache`` (again when ``refresh``). With a keyring, from
+    ``InRelease`` (the signed text gpgv checked: one file, so a mirror caught mid-update cannot
+    pair one Release with another's signature), else ``Release`` and ``Release.gpg``; without
+    one, ``Release`` unchecked."""
     inrelease, release, detached = cache / "InRelease", cache / "Release", cache / "Release.gpg"
     if keyring is None:
         if refresh or not release.is_file():
@@ -169,11 +195,23 @@ def read_indexes(
     notes = []
     packages: list[Package] = []
     for suite in upstream.suites:
-        cache = mirror / ".cache" / "apt" / suite
+        flat = flat_dir(suite)
+        if flat is not None:
+            cache = mirror / ".cache" / "apt-flat" / flat
+            url = f"{base}/{flat}" if flat else base
+        else:
+            cache = mirror / ".cache" / "apt" / suite
+            url = f"{base}/dists/{suite}"
         cache.mkdir(parents=True, exist_ok=True)
-        text = _release_text(base, suite, cache, upstream.keyring, refresh, log)
+        text = _release_text(url, cache, upstream.keyring, refresh, log)
         if upstream.keyring is None:
-            notes.append(f"{base}/dists/{suite}/Release: signature not checked (no keyring)")
+            notes.append(f"{url}/Release: signature not checked (no keyring)")
+        if flat is not None:
+            data, note = _flat_index(url, text, cache, upstream.allow_unverified, refresh, log)
+            notes += [note] if note else []
+            for stanza in paragraphs(data.decode("utf-8")):
+                packages.append(Package(stanza, base, flat=True))
+            continue
         sums = release_sums(text)
         for component in upstream.components:
             stem = f"{component}/binary-{upstream.arch}"
@@ -181,25 +219,80 @@ def read_indexes(
                 ((n, u) for n, u in _INDEX_NAMES if f"{stem}/{n}" in sums), (None, None)
             )
             if name is None or unpack is None:
-                raise AptError(f"{base}/dists/{suite}/Release lists no {stem}/Packages index")
+                raise AptError(f"{url}/Release lists no {stem}/Packages index")
             sha, size = sums[f"{stem}/{name}"]
             local = cache / stem / name
             if not (local.is_file() and sha256_of(local) == sha):
-                url = f"{base}/dists/{suite}/{stem}/{name}"
-                log(f"fetching {url}")
-                fetch(url, local, sha, size=size, progress=False)
+                log(f"fetching {url}/{stem}/{name}")
+                fetch(f"{url}/{stem}/{name}", local, sha, size=size, progress=False)
             for stanza in paragraphs(unpack(local.read_bytes()).decode("utf-8")):
                 packages.append(Package(stanza, base))
     return packages, notes
 
 
-def _pool_path(package: Package) -> str:
+def _flat_index(
+    url: str, release: str, cache: Path, allow_unverified: bool, refresh: bool, log
+) -> tuple[bytes, str | None]:
+    """A flat repository's Packages index (unpacked) and a note on what was not checked. The
+    first index of :data:`_INDEX_NAMES` its Release lists with a SHA256 (its MD5Sum checked
+    too when listed); one listed with an MD5Sum only, or none listed with any sum, is refused
+    unless ``allow_unverified`` (apt itself refuses MD5 as not strong enough)."""
+    sha256 = release_hashes(release, "SHA256") or {}
+    md5 = release_hashes(release, "MD5Sum") or {}
+    for sums, strong in ((sha256, True), (md5, False)):
+        name, unpack = next(((n, u) for n, u in _INDEX_NAMES if n in sums), (None, None))
+        if name is None or unpack is None:
+            continue
+        note = None
+        if not strong:
+            if not allow_unverified:
+                raise AptError(
+                    f"{url}/Release lists {name} with an MD5Sum only (no SHA256): MD5 is not "
+                    "strong enough to pin what the mirror signs. Fix: an upstream whose Release "
+                    "has SHA256 sums, or --allow-unverified-upstream to accept the MD5 check"
+                )
+            note = f"{url}/{name}: checked against the Release's MD5Sum only (no SHA256)"
+        want, size = sums[name]
+        local = cache / name
+        have = local.is_file() and digest_of(local, "sha256" if strong else "md5") == want
+        if not have:
+            log(f"fetching {url}/{name}")
+            pin, pin_md5 = (want, md5.get(name, (None, 0))[0]) if strong else (None, want)
+            fetch(f"{url}/{name}", local, pin, md5=pin_md5, size=size, progress=False)
+        return unpack(local.read_bytes()), note
+    if not allow_unverified:
+        raise AptError(
+            f"{url}/Release lists no SHA256 (nor MD5Sum) of a Packages index: nothing to check "
+            "the index against. Fix: an upstream whose Release lists its indexes' sums, or "
+            "--allow-unverified-upstream to take the index unchecked"
+        )
+    if refresh:  # a stale index of another compression must not stand in for the new one
+        for name, _ in _INDEX_NAMES:
+            (cache / name).unlink(missing_ok=True)
+    for name, unpack in _INDEX_NAMES:
+        local = cache / name
+        if not local.is_file():
+            try:
+                data = _read(f"{url}/{name}")
+            except FetchError:
+                continue
+            log(f"fetched {url}/{name} (unchecked)")
+            local.write_bytes(data)
+        return unpack(local.read_bytes()), f"{url}/{name}: not checked (the Release lists no sum)"
+    raise AptError(f"{url}: no Packages index ({', '.join(n for n, _ in _INDEX_NAMES)})")
+
+
+def _pool_path(package: Package) -> tuple[str, str]:
+    """Where ``package``'s .deb is, relative to its upstream, and where the mirror keeps it,
+    relative to DIR/apt: the same path for a dists-style upstream, under ``pool/`` for a flat
+    one (whose ``Filename`` is often ``./NAME.deb``, next to the Release)."""
     filename = package.stanza.get("Filename", "")
     norm = posixpath.normpath(filename)
-    if not filename or norm.startswith(("/", "..")) or norm != filename:
+    expected = filename.removeprefix("./") if package.flat else filename
+    if not filename or norm.startswith(("/", "..")) or norm != expected:
         raise AptError(f"{package.name} {package.version}: Filename {filename!r} is no "
                        "relative path inside the repository")  # fmt: skip
-    return norm
+    return norm, f"pool/{norm}" if package.flat else norm
 
 
 def fetch_debs(
@@ -216,12 +309,12 @@ def fetch_debs(
     for name in sorted(chosen):
         package = chosen[name]
         try:
-            rel = _pool_path(package)
+            rel, kept = _pool_path(package)
             sha = package.stanza.get("SHA256")
             size = int(package.stanza.get("Size", "-1"))
             if not sha:
                 raise AptError("its index paragraph has no SHA256")
-            path = f"apt/{rel}"
+            path = f"apt/{kept}"
             target = mirror / path
             entry = manifest.entries.get(path)
             if not (
@@ -293,7 +386,9 @@ def _stop_agent(keys: Path) -> None:
 def _packages_text(chosen: dict[str, Package]) -> bytes:
     out = []
     for name in sorted(chosen):
-        stanza = chosen[name].stanza
+        stanza = dict(chosen[name].stanza)
+        if chosen[name].flat:  # the mirror is dists-style: its Filename is where it keeps it
+            stanza["Filename"] = _pool_path(chosen[name])[1]
         lines = []
         for key, value in stanza.items():
             first, *rest = value.split("\n")

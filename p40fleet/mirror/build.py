@@ -348,7 +348,7 @@ def _apt(mirror: Path, plan: AptPlan, result: BuildResult, progress: bool) -> No
             result.problems.append("apt: the repository index is not written (or kept as it "
                                    "was) until every .deb above is fetched")  # fmt: skip
             return
-        suite = upstream.suites[0]
+        suite = upstream.mirror_suite
         if apt_repo.write_repository(mirror, suite, upstream.arch, chosen, result.manifest):
             _log(f"apt: signed {mirror / 'apt/dists' / suite / 'InRelease'}")
         result.manifest.save(mirror)

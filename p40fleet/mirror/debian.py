@@ -77,19 +77,34 @@ def field_of(stanza: Mapping[str, str], name: str) -> str | None:
 
 def release_sums(text: str) -> dict[str, tuple[str, int]]:
     """``{path: (sha256, size)}`` from a Release file's ``SHA256`` field."""
+    sums = release_hashes(text, "SHA256")
+    if sums is None:
+        raise AptError("no SHA256 field (apt needs SHA256 sums; MD5Sum/SHA1 are not enough)")
+    return sums
+
+
+#: The hex length of each hash field of a Release file.
+_HASH_LENGTHS = {"MD5Sum": 32, "SHA1": 40, "SHA256": 64, "SHA512": 128}
+
+
+def release_hashes(text: str, field: str) -> dict[str, tuple[str, int]] | None:
+    """``{path: (hex, size)}`` from a Release file's hash field ``field`` (``SHA256``,
+    ``MD5Sum``, ...), None when the Release has no such field."""
     if text.startswith("-----BEGIN PGP SIGNED MESSAGE-----"):
         raise AptError("an InRelease (clearsigned) text: give the plain Release file")
     fields = paragraphs(text)
-    value = field_of(fields[0], "SHA256") if fields else None
+    value = field_of(fields[0], field) if fields else None
     if value is None:
-        raise AptError("no SHA256 field (apt needs SHA256 sums; MD5Sum/SHA1 are not enough)")
+        return None
+    digits = _HASH_LENGTHS.get(field, 64)
     sums = {}
     for line in value.splitlines():
         parts = line.split()
         if not parts:
             continue
-        if len(parts) != 3 or not re.fullmatch(r"[0-9a-f]{64}", parts[0]) or not parts[1].isdigit():
-            raise AptError(f"SHA256 line {line.strip()!r}: expected 'SUM SIZE PATH'")
+        if (len(parts) != 3 or not re.fullmatch(rf"[0-9a-f]{{{digits}}}", parts[0])
+                or not parts[1].isdigit()):  # fmt: skip
+            raise AptError(f"{field} line {line.strip()!r}: expected 'SUM SIZE PATH'")
         sums[parts[2]] = (parts[0], int(parts[1]))
     return sums
 
@@ -206,6 +221,7 @@ class Package:
 
     stanza: Mapping[str, str]
     base_url: str  # the repository root its Filename is relative to
+    flat: bool = False  # from a flat repository's index (its .deb kept under the mirror's pool/)
 
     @property
     def name(self) -> str:
