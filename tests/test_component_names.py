@@ -81,7 +81,6 @@ TESTED_ELSEWHERE = {
     "operations/training_user.py": "test_homesafe.py",  # the user whose home root never acts in
     "facts/footprint.py": "test_uninstall.py",  # what uninstall reads; test_footprint: the doc
     "operations/ray.py": "test_ray_ops.py",  # test_ray.py: p40fleet/ray.py and the Ray checks
-    "operations/refuse.py": "test_preflight.py",
 }
 
 
