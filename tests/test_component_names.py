@@ -122,3 +122,28 @@ def test_a_components_facts_and_operations_share_its_test_files_name():
     assert wrong == [], f"facts/operations modules not imported by their test file: {wrong}"
     stale = sorted(set(TESTED_ELSEWHERE) - set(_layer_modules()))
     assert stale == [], f"TESTED_ELSEWHERE names modules that are gone: {stale}"
+
+
+#: ``survey`` names one thing, the one command per host that answers many facts: its fact and
+#: memo, and the run's list of what each module asks (``survey_parts(spec)``, declared by each).
+SURVEY_MODULES = ("facts/survey.py", "operations/run/survey.py")
+
+
+def test_only_the_survey_modules_define_a_survey():
+    """A function or class named ``*survey*`` outside SURVEY_MODULES says survey for another
+    thing (deploy/facts.py's fleet-table row was ``_survey()``)."""
+    found = []
+    code = [
+        p
+        for top in ("deploy", "facts", "operations", "p40fleet")
+        for p in (ROOT / top).rglob("*.py")
+    ]
+    for path in sorted(code):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in SURVEY_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            defines = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if defines and "survey" in node.name.lower() and node.name != "survey_parts":
+                found.append(f"{relative}:{node.lineno} {node.name}")
+    assert found == [], f"named survey outside {SURVEY_MODULES}: {found}"
