@@ -1,4 +1,4 @@
-"""Read-only fleet survey: GPUs, capability, profile, driver, verdict per host.
+"""Read-only fleet facts table: GPUs, capability, profile, driver, verdict per host.
 
     pyinfra @local deploy/facts.py -y
     pyinfra inventories/sim.py deploy/facts.py -y

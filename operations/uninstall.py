@@ -25,9 +25,9 @@ from pyinfra.facts.files import File, Link
 from pyinfra.facts.server import Groups, Users, Which
 
 from p40fleet import footprint
-from p40fleet.facts.apt_source import ASIDE_DIR, AptSources, aside_origin
 from p40fleet.facts.driver import InstalledDriverVersion
 from p40fleet.facts.footprint import PathKinds
+from p40fleet.facts.mirror import ASIDE_DIR, AptSources, aside_origin
 from p40fleet.facts.nouveau import FileStampFact
 from p40fleet.facts.survey import ask
 from p40fleet.footprint import BLACKLIST_FILE, MIRROR_KEYS, MIRROR_LIST, Item

@@ -155,13 +155,13 @@ FOOTPRINT: tuple[Item, ...] = (
     Item(
         "apt source of the mirror, and its signed-by key (" + " or ".join(MIRROR_KEYS) + ")",
         MIRROR_LIST,
-        "system: apt_source.mirror",
+        "system: mirror.mirror",
         "apt_mirror",
     ),
     Item(
         "the distribution's apt sources moved aside (air-gapped)",
         ASIDE_DIR,
-        "system: apt_source.mirror",
+        "system: mirror.mirror",
         "apt_aside",
     ),
     Item(

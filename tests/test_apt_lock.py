@@ -16,10 +16,10 @@ import pytest
 from pyinfra.api import FunctionCommand
 from pyinfra.facts.deb import DebPackages
 
-from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.host import KernelHeaders, KernelInfo
+from p40fleet.facts.mirror import AptSources, AptSourceState
 from p40fleet.facts.packages import DebInstalled
-from p40fleet.operations import apt_source, driver
+from p40fleet.operations import driver, mirror
 from p40fleet.operations.util import apt_lock
 from tests.opharness import at, run_op
 
@@ -239,9 +239,9 @@ def test_driver_prereqs_installed_sends_nothing():
     assert r.commands == [] and r.functions == []
 
 
-def test_apt_source_update_waits_for_the_lock_and_keeps_its_own_remedy():
+def test_mirror_update_waits_for_the_lock_and_keeps_its_own_remedy():
     r = run_op(
-        apt_source.mirror,
+        mirror.mirror,
         url="http://m/apt",
         suite="./",
         trusted=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from p40fleet import verify_cli
+from p40fleet.cli import verify as verify_cli
 from p40fleet.facts.collective import CollectiveRunFact, render_collective
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.ray import TOKEN_FILE

@@ -4,6 +4,7 @@ operations/conda.py (facts in, commands out, tests/opharness.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from pyinfra.facts.files import Directory, File
 
 from p40fleet import condalock
@@ -314,3 +316,51 @@ def test_commands_run_as_training_user_through_su():
         f"su -s /bin/sh verl -c '{CREATE}'",
         f"su -s /bin/sh verl -c {shlex.quote(_record(_lock_sum()))}",
     ]
+
+
+# -- conda from the mirror channel ----------------------------------------------------------
+
+CHANNEL = "http://10.231.0.1:8111/conda"
+
+
+def test_mirror_channel_overrides_every_other_channel():
+    assert conda.channel_args("conda-forge", CHANNEL) == ["--override-channels", "-c", CHANNEL]
+    assert conda.channel_args("accept", CHANNEL) == ["--override-channels", "-c", CHANNEL]
+    assert conda.channel_args("accept") == []
+
+
+def test_condarc_written_once_as_the_user():
+    rc = f"{PREFIX}/.condarc"
+    result = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
+                    facts={at(MarkerText, path=rc, user="verl"): None})  # fmt: skip
+    (command,) = result.commands
+    assert command.startswith("su -s /bin/sh verl -c ") and rc in command
+    text = conda.condarc_text(CHANNEL)
+    assert [line.strip() for line in text.splitlines()[1:]] == [
+        "channels:", f"- {CHANNEL}", "default_channels:", f"- {CHANNEL}"
+    ]  # fmt: skip
+    again = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
+                   facts={at(MarkerText, path=rc, user="verl"): text.strip()})  # fmt: skip
+    assert not again.changed
+
+
+def test_condarc_is_a_new_file_never_written_through_a_hard_link(tmp_path):
+    """The .condarc is renamed into place: a hard link of the old one (a lab clone's seed
+    shares its inodes) keeps the old text; the new one holds condarc_text exactly."""
+    rc = tmp_path / ".condarc"
+    rc.write_text("channels:\n  - old\n")
+    os.link(rc, tmp_path / "seed-condarc")
+    old = {at(MarkerText, path=str(rc), user=None): "channels:\n  - old"}
+    result = run_op(conda.condarc, prefix=str(tmp_path), channel=CHANNEL, facts=old)
+    (command,) = result.commands
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert rc.read_text() == conda.condarc_text(CHANNEL)
+    assert (tmp_path / "seed-condarc").read_text() == "channels:\n  - old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".condarc", "seed-condarc"]
+
+
+@pytest.mark.parametrize("policy", ["accept", "conda-forge"])
+def test_no_tos_step_with_a_mirror_channel(policy):
+    result = run_op(conda.conda_tos, prefix=PREFIX, policy=policy, mirror_channel=CHANNEL)
+    assert not result.changed and CHANNEL in result.noops[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from p40fleet import deploy_cli
+from p40fleet.cli import deploy as deploy_cli
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from p40fleet import footprint
-from p40fleet.facts import apt_source as apt_facts
-from p40fleet.operations import apt_source, cuda, driver, nouveau, uninstall
+from p40fleet.facts import mirror as mirror_facts
+from p40fleet.operations import cuda, driver, mirror, nouveau, uninstall
 from p40fleet.spec import StackSpec, load_spec
 from p40fleet.spec.errors import SpecError
 
@@ -33,9 +33,9 @@ def test_the_table_has_one_row_per_item_with_the_spec_defaults():
 def test_the_footprint_paths_are_the_ones_the_operations_write():
     assert footprint.BLACKLIST_FILE == nouveau.BLACKLIST_FILE
     assert footprint.PROFILE_FILE == cuda.PROFILE_FILE
-    assert footprint.MIRROR_LIST == apt_facts.MIRROR_LIST
-    assert footprint.ASIDE_DIR == apt_facts.ASIDE_DIR
-    keys = {apt_source.key_dest("k.gpg"), apt_source.key_dest("k.asc")}
+    assert footprint.MIRROR_LIST == mirror_facts.MIRROR_LIST
+    assert footprint.ASIDE_DIR == mirror_facts.ASIDE_DIR
+    keys = {mirror.key_dest("k.gpg"), mirror.key_dest("k.asc")}
     assert set(footprint.MIRROR_KEYS) == keys
     assert footprint.BUILD_PACKAGES == driver.BUILD_PACKAGES
 

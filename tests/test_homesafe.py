@@ -54,7 +54,7 @@ _SU_ARG = re.compile(rf"su -s /bin/sh {USER} -c '[^']*'(?:\"'\"'[^']*')*")
 #: Operations that never take a path under the home: what they act on, and why it is root's.
 ROOT_ONLY = {
     "apex.put_sum": "the controller's sum, into the root-owned artifact cache",
-    "apt_source.mirror": "/etc/apt",
+    "mirror.mirror": "/etc/apt",
     "artifacts.fetch": "the root-owned artifact cache",
     "artifacts.artifact": "the root-owned artifact cache",
     "artifacts.push": "the root-owned artifact cache (its 0700 staging dir)",

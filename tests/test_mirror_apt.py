@@ -536,7 +536,7 @@ def test_the_cli_prints_the_apt_block_to_paste(tmp_path, archive, monkeypatch, c
     assert block["apt"]["signed_by"] == str((mirror / "apt/p40fleet-mirror.gpg").resolve())
     spec = load_spec("h", {"mirror": block})  # validates: signed_by exists, no trusted
     assert spec.mirror.apt.signed_by == block["apt"]["signed_by"] and not spec.mirror.apt.trusted
-    from p40fleet.operations.apt_source import source_line
+    from p40fleet.operations.mirror import source_line
 
     line = source_line(spec.mirror.apt.url, spec.mirror.apt.suite, spec.mirror.apt.components,
                        spec.mirror.apt.signed_by, spec.mirror.apt.trusted)  # fmt: skip

@@ -72,7 +72,7 @@ def test_installed_verify_runs_from_the_checkout_and_says_so_elsewhere(wheel, tm
     env = {**os.environ, "PYTHONPATH": str(wheel)}  # zipimport: before the editable install
     where = (  # in the checkout, but not importing from it ('' on sys.path is the cwd)
         "import os, sys; sys.path.remove(''); os.chdir(sys.argv[1]); "
-        "import p40fleet.verify_cli as v; print(v.__file__); print(v.DEPLOY)"
+        "import p40fleet.cli.verify as v; print(v.__file__); print(v.DEPLOY)"
     )
     proc = subprocess.run([sys.executable, "-c", where, str(REPO)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
@@ -294,3 +294,27 @@ def test_the_checkouts_entry_points_keep_their_operation_names(tmp_path):
         "deploy/preflight.py | Refuse: preflight",
         "deploy/preflight.py | Proxy credentials for the fetching steps",
     ], out[-3000:]
+
+
+#: The command lines started as ``python -m p40fleet.<name>``: each lives in p40fleet/cli/.
+COMMANDS = ("deploy", "rekey", "verify")
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_command_line_lives_in_cli_and_its_entry_point_only_starts_it(name):
+    """``p40fleet/<name>.py`` holds no code of its own: it imports ``main`` from
+    ``p40fleet.cli.<name>`` and exits with it; the modules of p40fleet/cli/ are COMMANDS."""
+    import ast
+
+    cli = sorted(p.stem for p in (REPO / "p40fleet" / "cli").glob("*.py") if p.stem != "__init__")
+    assert cli == list(COMMANDS)
+    tree = ast.parse((REPO / "p40fleet" / f"{name}.py").read_text())
+    body = [
+        n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+    ]
+    imports = [n for n in body if isinstance(n, ast.ImportFrom)]
+    assert [(n.module, [a.name for a in n.names]) for n in imports] == [
+        ("__future__", ["annotations"]), (f"p40fleet.cli.{name}", ["main"]),
+    ]  # fmt: skip
+    rest = [ast.unparse(n) for n in body if n not in imports]
+    assert rest == ["import sys", "if __name__ == '__main__':\n    sys.exit(main())"], rest

@@ -13,13 +13,12 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Which
 
 from p40fleet import proxy
-from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.conda import CondaInstall, CondaState, CondaTos, CondaTosState
 from p40fleet.facts.env import EnvPython, EnvPythonState
 from p40fleet.facts.host import KernelHeaders, KernelInfo
-from p40fleet.facts.mirror import UrlHead
+from p40fleet.facts.mirror import AptSources, AptSourceState, UrlHead
 from p40fleet.facts.verl import GitCheckout, GitState
-from p40fleet.operations import apex, apt_source, artifacts, conda, driver, torch, verl
+from p40fleet.operations import apex, artifacts, conda, driver, mirror, torch, verl
 from p40fleet.operations import proxy as proxy_op
 from p40fleet.privdrop import AS_USER_FN
 from p40fleet.spec import Proxy, SpecError, load_spec
@@ -218,7 +217,7 @@ def _fetch_steps(p: Proxy | None) -> dict[str, list[str]]:
             default_facts=True,
         ),  # fmt: skip
         "apt-get update": run_op(
-            apt_source.mirror,
+            mirror.mirror,
             url="http://m/apt",
             suite="./",
             trusted=True,

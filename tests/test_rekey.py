@@ -16,7 +16,7 @@ import paramiko
 import pytest
 from paramiko.hostkeys import HostKeys
 
-from p40fleet import rekey
+from p40fleet.cli import rekey
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -211,7 +211,8 @@ def test_cli_resolves_host_from_a_pyinfra_inventory(tmp_path, sshd, keys):
 def _resolved_from(cwd: Path, inventory: str, host: str) -> str:
     """``resolve()``'s known_hosts, run from ``cwd`` (a fresh interpreter, as the CLI runs)."""
     code = (
-        f"from p40fleet.rekey import resolve; print(resolve({inventory!r}, {host!r}).known_hosts)"
+        "from p40fleet.cli.rekey import resolve; "
+        f"print(resolve({inventory!r}, {host!r}).known_hosts)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,

@@ -2,7 +2,7 @@
 
 The decisions are pure (``p40fleet.run_lock.decide``); the commands run with ``sh`` in a temp
 dir, two at once for the races; the operation runs offline (tests/opharness.py) and, end to end,
-under the real pyinfra CLI on ``@local`` (as tests/test_preflight.py does).
+under the real pyinfra CLI on ``@local`` (as tests/test_refuse.py does).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from p40fleet import verify_cli
 from p40fleet import verl_patches as vp
+from p40fleet.cli import verify as verify_cli
 from p40fleet.facts.smoke import (
     RAY_PORT,
     ClusterSmokeTargets,

@@ -30,7 +30,6 @@ from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import Groups, Users
 
 from p40fleet import apex_build, preflight, verl_patches
-from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.artifacts import ArtifactFile, ArtifactState, UnsafeParent
 from p40fleet.facts.conda import (
     CONDA_HEALTHY,
@@ -62,6 +61,7 @@ from p40fleet.facts.env import (
 from p40fleet.facts.gpu import PciGpu, PciGpus
 from p40fleet.facts.home import UserFile, UserFileState
 from p40fleet.facts.host import KernelHeaders, KernelInfo
+from p40fleet.facts.mirror import AptSources, AptSourceState
 from p40fleet.facts.nouveau import FileStamp, FileStampFact, InitramfsMtime, NouveauLoaded
 from p40fleet.facts.packages import DebInstalled
 from p40fleet.facts.run_lock import RunLock, RunLockState
@@ -71,12 +71,12 @@ from p40fleet.facts.verl import GitCheckout, GitState, VerlPatchCheck
 from p40fleet.gpu_catalog import lookup
 from p40fleet.operations import (
     apex,
-    apt_source,
     artifacts,
     conda,
     cuda,
     cudnn,
     driver,
+    mirror,
     nouveau,
     proxy,
     run_lock,
@@ -306,7 +306,7 @@ def cases(spec: StackSpec) -> dict[str, list[tuple[Callable[..., Any], dict]]]:
             "dest_dir": paths.artifact_cache, "filename": driver_art.filename,
             "size": driver_art.size})] + [(artifacts.artifact, {"item": item, "spec": pushed})
                                           for item in ARTIFACTS],
-        "apt_source.mirror": [(apt_source.mirror, {
+        "mirror.mirror": [(mirror.mirror, {
             "url": apt.url, "suite": apt.suite, "components": list(apt.components),
             "key_file": apt.signed_by, "trusted": apt.trusted,
             "air_gapped": spec.mirror.air_gapped, "extra_suites": list(apt.extra_suites),

@@ -7,9 +7,9 @@ from pyinfra.facts.files import File, Link
 from pyinfra.facts.server import Groups, Users, Which
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from p40fleet.facts.apt_source import AptSources, AptSourceState
 from p40fleet.facts.driver import InstalledDriverVersion
 from p40fleet.facts.footprint import PathKinds
+from p40fleet.facts.mirror import AptSources, AptSourceState
 from p40fleet.facts.nouveau import FileStamp, FileStampFact
 from p40fleet.footprint import BLACKLIST_FILE, MIRROR_LIST
 from p40fleet.operations import uninstall

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from p40fleet import report, verify_cli
+from p40fleet import report
+from p40fleet.cli import verify as verify_cli
 from p40fleet.verification.check import PASS, SKIP, Check
 
 REPO = Path(__file__).resolve().parent.parent

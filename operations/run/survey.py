@@ -24,12 +24,12 @@ from p40fleet.facts.host import Cpus, FreeSpace, LinuxDistribution, MemTotal
 from p40fleet.facts.survey import Part, part, survey
 from p40fleet.operations import (
     apex,
-    apt_source,
     artifacts,
     conda,
     cuda,
     cudnn,
     driver,
+    mirror,
     nouveau,
     proxy,
     run_lock,
@@ -49,7 +49,7 @@ MODULES = (
     proxy,  # deploy/preflight.py
     artifacts,  # deploy/system.py
     cudnn,
-    apt_source,
+    mirror,
     nouveau,
     driver,
     cuda,

@@ -80,7 +80,7 @@ def verify() -> None:
 
 @deploy("p40fleet facts")
 def facts() -> None:
-    """The GPU and host facts survey, printed as one fleet table; changes nothing."""
+    """The GPU and host facts of every host, printed as one fleet table; changes nothing."""
     from p40fleet.deploys.steps import facts as steps
 
     steps.run()

@@ -14,6 +14,10 @@ each file checked against its pinned sha256 before it lands in ``DIR``; ``verify
                                     --kernel; p40fleet.mirror.apt), its key p40fleet-mirror.gpg
     DIR/keys/                       the apt repository's signing key (never served)
     DIR/manifest.json               every file: kind, name, url fetched from, sha256, size
+
+This package runs on the controller. The hosts' use of the mirror is the ``mirror`` component
+of the deploy: ``facts/mirror.py`` (what apt reads, does a URL answer) and
+``operations/mirror.py`` (the apt source pointed at ``DIR/apt``), tested in tests/test_mirror.py.
 """
 
 from p40fleet.mirror.build import MirrorError, Need, build, needs_for

@@ -1,4 +1,4 @@
-"""Read-only fleet survey: GPUs, capability, profile, driver, verdict per host.
+"""Read-only fleet facts table: GPUs, capability, profile, driver, verdict per host.
 
     pyinfra @local deploy/facts.py -y
     pyinfra inventories/sim.py deploy/facts.py -y
@@ -47,7 +47,8 @@ def _refused_row(reason: str) -> dict[str, str]:
     return dict({c: "?" for c in _COLUMNS}, host=host.name, verdict=f"refused: {reason}")
 
 
-def _survey() -> dict[str, str]:
+def _fact_row() -> dict[str, str]:
+    """The current host's row of the fleet table, from one survey command (``facts.survey``)."""
     unchecked = sshguard.host_key_refusal(host)  # S17: before the survey, the first command
     if unchecked is not None:
         return _refused_row(unchecked)
@@ -121,7 +122,7 @@ def _print_table(rows: dict[str, dict[str, str]]) -> None:
 def run() -> None:
     """The deploy's steps for the current host (``deploy/facts.py`` calls it)."""
     sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
-    row = _survey()
+    row = _fact_row()
     print(
         f"[{row['host']}] {row['OS']} | GPUs: {row['GPUs']} | cc {row['cc']} | "
         f"profile {row['profile']} | driver {row['driver']} | {row['verdict']}",

@@ -10,7 +10,7 @@ allowed) fails on its own with a remedy while the other hosts carry on.
 from __future__ import annotations
 
 from p40fleet.deploys.steps import preflight as preflight_steps
-from p40fleet.operations import apt_source, artifacts, cuda, cudnn, driver, nouveau
+from p40fleet.operations import artifacts, cuda, cudnn, driver, mirror, nouveau
 from p40fleet.operations.run.spec import validated_spec
 from p40fleet.runtime.included import included
 
@@ -48,7 +48,7 @@ def run() -> None:
     # 2b. apt from the mirror (before any apt install); air-gapped: from the mirror only.
     if spec.mirror is not None and spec.mirror.apt is not None:
         apt = spec.mirror.apt
-        apt_source.mirror(
+        mirror.mirror(
             name=f"apt source: the mirror {apt.url} {apt.suite}",
             url=apt.url,
             suite=apt.suite,

@@ -41,7 +41,7 @@ __all__ = ["InventoryError", "check_inventory", "main", "split_args"]
 _VERIFYING = frozenset({"full.py", "verify.py"})
 
 EXIT_USAGE = 2
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # p40fleet/cli/<this>.py
 USAGE = "usage: python -m p40fleet.deploy INVENTORY DEPLOY.py [DEPLOY.py ...] [pyinfra args]"
 
 

@@ -1,4 +1,5 @@
-"""The mirror's apt source and conda channel: facts in, commands out (tests/opharness.py)."""
+"""The mirror on a host: facts/mirror.py and operations/mirror.py (facts in, commands out,
+tests/opharness.py). The mirror builder, ``p40fleet.mirror``, is tests/test_mirror_*.py."""
 
 from __future__ import annotations
 
@@ -6,14 +7,15 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
 from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from p40fleet.facts.apt_source import MIRROR_LIST, AptSources, AptSourceState
-from p40fleet.facts.env import MarkerText
-from p40fleet.operations import apt_source, conda
+from p40fleet.facts.mirror import MIRROR_LIST, AptSources, AptSourceState, UrlHead
+from p40fleet.operations import mirror
 from tests.opharness import at, run_op
 from tests.test_apt_lock import apt_commands
 
@@ -25,20 +27,20 @@ OTHERS = ("/etc/apt/sources.list", "/etc/apt/sources.list.d/debian.sources")
 
 def _mirror(state: AptSourceState, **kw):
     args = {"url": URL, "suite": "./", "trusted": True} | kw
-    key_path = apt_source.key_dest(args["key_file"]) if args.get("key_file") else None
-    return run_op(apt_source.mirror, facts={at(AptSources, key_path=key_path): state}, **args)
+    key_path = mirror.key_dest(args["key_file"]) if args.get("key_file") else None
+    return run_op(mirror.mirror, facts={at(AptSources, key_path=key_path): state}, **args)
 
 
 def test_source_line_signed_trusted_or_plain():
-    assert apt_source.source_line(URL, "./", trusted=True) == LINE
-    signed = apt_source.source_line("http://m/ubuntu", "focal", ["main", "universe"], "/k/m.asc")
+    assert mirror.source_line(URL, "./", trusted=True) == LINE
+    signed = mirror.source_line("http://m/ubuntu", "focal", ["main", "universe"], "/k/m.asc")
     assert (
         signed
         == "deb [signed-by=/etc/apt/keyrings/p40fleet-mirror.asc] http://m/ubuntu focal main "
         "universe"
     )
     # neither: apt checks signatures against its own keyrings (never trusted=yes by default)
-    assert apt_source.source_line("http://m/u", "focal", ["main"]) == "deb http://m/u focal main"
+    assert mirror.source_line("http://m/u", "focal", ["main"]) == "deb http://m/u focal main"
 
 
 def test_absent_source_is_written_then_apt_updated():
@@ -209,55 +211,6 @@ def test_fact_reads_list_key_and_other_sources(tmp_path):
     )  # fmt: skip
 
 
-# -- conda from the mirror channel ----------------------------------------------------------
-
-PREFIX = "/home/verl/miniconda3"
-CHANNEL = "http://10.231.0.1:8111/conda"
-
-
-def test_mirror_channel_overrides_every_other_channel():
-    assert conda.channel_args("conda-forge", CHANNEL) == ["--override-channels", "-c", CHANNEL]
-    assert conda.channel_args("accept", CHANNEL) == ["--override-channels", "-c", CHANNEL]
-    assert conda.channel_args("accept") == []
-
-
-def test_condarc_written_once_as_the_user():
-    rc = f"{PREFIX}/.condarc"
-    result = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
-                    facts={at(MarkerText, path=rc, user="verl"): None})  # fmt: skip
-    (command,) = result.commands
-    assert command.startswith("su -s /bin/sh verl -c ") and rc in command
-    text = conda.condarc_text(CHANNEL)
-    assert [line.strip() for line in text.splitlines()[1:]] == [
-        "channels:", f"- {CHANNEL}", "default_channels:", f"- {CHANNEL}"
-    ]  # fmt: skip
-    again = run_op(conda.condarc, prefix=PREFIX, channel=CHANNEL, user="verl",
-                   facts={at(MarkerText, path=rc, user="verl"): text.strip()})  # fmt: skip
-    assert not again.changed
-
-
-def test_condarc_is_a_new_file_never_written_through_a_hard_link(tmp_path):
-    """The .condarc is renamed into place: a hard link of the old one (a lab clone's seed
-    shares its inodes) keeps the old text; the new one holds condarc_text exactly."""
-    rc = tmp_path / ".condarc"
-    rc.write_text("channels:\n  - old\n")
-    os.link(rc, tmp_path / "seed-condarc")
-    old = {at(MarkerText, path=str(rc), user=None): "channels:\n  - old"}
-    result = run_op(conda.condarc, prefix=str(tmp_path), channel=CHANNEL, facts=old)
-    (command,) = result.commands
-    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert rc.read_text() == conda.condarc_text(CHANNEL)
-    assert (tmp_path / "seed-condarc").read_text() == "channels:\n  - old\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".condarc", "seed-condarc"]
-
-
-@pytest.mark.parametrize("policy", ["accept", "conda-forge"])
-def test_no_tos_step_with_a_mirror_channel(policy):
-    result = run_op(conda.conda_tos, prefix=PREFIX, policy=policy, mirror_channel=CHANNEL)
-    assert not result.changed and CHANNEL in result.noops[0]
-
-
 # -- the signed-by line with real apt: checked, never trusted ---------------------------------
 
 needs_apt_gpg = pytest.mark.skipif(
@@ -314,9 +267,9 @@ def test_signed_by_line_makes_apt_check_the_mirror_key(tmp_path, request):
 
     def line(keyring: Path | None, trusted: bool = False) -> str:
         # the operation's line, with the host's key path pointed at this test's keyring
-        text = apt_source.source_line(f"file://{repo}", "./", (), "/k/m.gpg" if keyring else None,
+        text = mirror.source_line(f"file://{repo}", "./", (), "/k/m.gpg" if keyring else None,
                                       trusted)  # fmt: skip
-        return text.replace(apt_source.key_dest("/k/m.gpg"), str(keyring))
+        return text.replace(mirror.key_dest("/k/m.gpg"), str(keyring))
 
     ok = _apt_update(tmp_path / "ok", line(key))
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -324,3 +277,80 @@ def test_signed_by_line_makes_apt_check_the_mirror_key(tmp_path, request):
         refused = _apt_update(tmp_path / f"bad{len(bad)}", bad)
         assert refused.returncode == 100, refused.stdout + refused.stderr
         assert "NO_PUBKEY" in refused.stderr or "not signed" in refused.stderr, refused.stderr
+
+
+# -- UrlHead with what focal's curl 7.68 has (no ``%header{}`` write-out) --------------------
+
+# What curl 7.68 prints for this fact's command (-D - headers, then the -w line) when a
+# mirror redirects once: the first response's length is the redirect body's, not the file's.
+CURL_768_REDIRECTED = [
+    "HTTP/1.1 302 Found\r",
+    "Location: /files/cuda.run\r",
+    "Content-Length: 17\r",
+    "\r",
+    "HTTP/1.1 200 OK\r",
+    "Server: nginx/1.18.0 (Ubuntu)\r",
+    "content-length: 4234657\r",
+    "Accept-Ranges: bytes\r",
+    "\r",
+    "status=200",
+]
+
+
+def command_text(url: str) -> str:
+    return UrlHead().command(url).get_raw_value()
+
+
+def test_command_uses_no_write_out_newer_than_curl_768():
+    text = command_text("http://m/a.run")
+    assert "%header{" not in text and "%{json}" not in text  # 7.84 / 7.70
+    assert "-D -" in text
+
+
+def test_size_is_the_last_responses_content_length_as_768_prints_it():
+    answer = UrlHead().process(CURL_768_REDIRECTED)
+    assert (answer.status, answer.size, answer.error) == (200, 4234657, "")
+    assert answer.ok
+
+
+def test_no_length_header_gives_no_size_and_a_curl_error_is_kept():
+    answer = UrlHead().process(["HTTP/1.1 200 OK", "", "status=200"])
+    assert (answer.status, answer.size) == (200, None)
+    failed = UrlHead().process(
+        ["curl: (7) Failed to connect to m port 80: Connection refused", "status=000"]
+    )
+    assert failed.status == 0 and failed.size is None and "Connection refused" in failed.error
+    missing = UrlHead().process(["error=curl is not installed"])
+    assert missing.status == 0 and missing.error == "curl is not installed"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_HEAD(self):  # noqa: N802 (http.server's name)
+        if self.path == "/old":
+            self.send_response(301)
+            self.send_header("Location", "/new")
+            self.send_header("Content-Length", "5")
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", "123456")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_the_command_against_a_real_server_through_a_redirect(server):
+    proc = subprocess.run(
+        ["sh", "-c", command_text(f"{server}/old")], capture_output=True, text=True, timeout=30
+    )
+    answer = UrlHead().process(proc.stdout.splitlines())
+    assert (answer.status, answer.size, answer.error) == (200, 123456, "")

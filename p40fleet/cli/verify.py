@@ -56,7 +56,7 @@ def _checkout() -> Path:
     """The checkout whose ``deploy/verify.py`` runs: the working directory when it is one (a
     pyinfra deploy runs from its checkout; the p40fleet wheel holds no deploys), else the one
     this package sits in (an editable install)."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]  # p40fleet/cli/<this>.py
     for root in (Path.cwd(), here):
         if (root / "deploy" / "verify.py").is_file():
             return root
@@ -342,7 +342,3 @@ def _no_report(rc: int, tail: list[str], quiet: bool) -> int:
     if "No hosts remaining" in text and "Preparing operation" not in text:
         return _fail("no host could be reached: nothing was verified", report.EXIT_FAIL)
     return _fail(f"pyinfra exited {rc} before the verification wrote its report")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

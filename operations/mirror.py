@@ -1,4 +1,4 @@
-"""The mirror's apt source (``stack.mirror.apt``), written before any apt install.
+"""The mirror on a host: its apt source (``stack.mirror.apt``), written before any apt install.
 
 ``mirror`` writes ``/etc/apt/sources.list.d/p40fleet-mirror.list`` (and ships the repository's
 ``signed-by`` key to ``/etc/apt/keyrings/``). On an air-gapped host (``stack.mirror.air_gapped``)
@@ -9,6 +9,9 @@ They are moved, not deleted, and a run with ``air_gapped: False`` moves every on
 it came from (one whose place is taken again is left aside, with a note). Both ways are decided
 from what the fact sees on the host, so a second run changes nothing. ``apt-get update`` runs
 only when something here changed.
+
+The facts it decides from are in ``facts/mirror.py``. The mirror itself (the repository these
+lines point at) is built and served on the controller by the package ``p40fleet.mirror``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from p40fleet import controller
-from p40fleet.facts.apt_source import (
+from p40fleet.facts.mirror import (
     APT_DIR,
     ASIDE_DIR,
     MIRROR_KEY_DIR,
