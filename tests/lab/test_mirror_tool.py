@@ -143,7 +143,7 @@ def test_a_host_converges_from_nothing_from_the_built_mirror_alone(built):
     # the fixture's own readiness probe came from the controller (httpd.BIND): not counted
     entries = [e for e in httpd.access_entries(built["log"]) if e["client"] != httpd.BIND]
     assert entries and {e["client"] for e in entries} == {host_ip}, entries[:5]
-    files = Counter(e["path"] for e in entries if e["status"] == 200
+    files = Counter(e["path"] for e in entries if e["method"] == "GET" and e["status"] == 200
                     and e["path"].split("/")[1] in ("artifacts", "conda", "git", "apt")
                     and e["path"].endswith((".run", ".sh", ".xz", ".bz2", ".conda", ".deb",
                                             ".tar.gz", ".pack")))  # fmt: skip
