@@ -27,7 +27,10 @@ and checks it against the controller's sum (uploaded root-owned) right before ``
 Build flags (stack facts §4): ``--no-build-isolation`` (the build imports torch),
 ``--config-settings "--build-option=--cpp_ext"`` and, when the torch pin is a CUDA build,
 ``"--build-option=--cuda_ext"`` with ``CUDA_HOME`` = the pinned toolkit (apex stops when nvcc and
-``torch.version.cuda`` differ).
+``torch.version.cuda`` differ). The env snapshot's ``bin/`` leads PATH, so torch's
+``BuildExtension`` finds the torch lock's ``ninja`` and compiles ``MAX_JOBS`` jobs at once
+(``p40fleet.apex_build.max_jobs``: CPUs and memory); without it torch falls back to serial
+distutils and ignores ``MAX_JOBS`` (the build log's first line says which it was).
 """
 
 from __future__ import annotations
@@ -205,7 +208,8 @@ def build_wheel(
     hash-locked installs made it; the training user owns it and could change it at any time).
     The user's ``tar`` streams it once into the build account's fresh home, and the build runs
     only that snapshot: ``python -I`` (no PYTHON* variables, no user site), ``env -i`` (a
-    fixed PATH, HOME and TMPDIR in the build's home), ``PIP_CONFIG_FILE=/dev/null`` (no pip
+    fixed PATH: the snapshot's ``bin/`` for ``ninja``, the toolkit's, the system's; HOME and
+    TMPDIR in the build's home), ``PIP_CONFIG_FILE=/dev/null`` (no pip
     config of anybody's). Nothing the training user (or a Ray job, a ``.pth`` it adds later)
     changes after that reaches the build: its home is 0700 of an account nothing else runs as,
     created for this build and removed after it (its processes killed first). The pinned
@@ -272,15 +276,35 @@ def build_wheel(
     settings: list[str | QuoteString] = []
     for option in build_options:
         settings += ["--config-settings", QuoteString(f"--build-option={option}")]
+    # The snapshot's bin/ first, as an activated env has it: torch's BuildExtension runs
+    # `ninja` from PATH (the torch lock's ninja wheel puts the binary itself there) and without
+    # it compiles serially through distutils, MAX_JOBS unused.
+    snap_bin = f"{snap}/bin"
+    backend = QuoteString(f"apex build: ninja from the env, MAX_JOBS={max_jobs} parallel jobs")
+    serial = QuoteString(
+        f"apex build: WARNING: no {snap_bin}/ninja (files/torch-requirements-*.txt lists it): "
+        "torch compiles serially, MAX_JOBS unused"
+    )
     build = StringCommand(
         "mkdir -p",
         QuoteString(wheels),
         QuoteString(f"{home}/tmp"),
-        "&& start=$(date +%s) && cd",
+        "&& start=$(date +%s) && if [ -x",
+        QuoteString(f"{snap_bin}/ninja"),
+        "]; then echo",
+        backend,
+        ">",
+        QuoteString(log),
+        "; else echo",
+        serial,
+        "| tee",
+        QuoteString(log),
+        ">&2; fi && cd",
         q_src,
         "&& env -i",
         QuoteString(
-            f"PATH={cuda_home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+            f"PATH={snap_bin}:{cuda_home}/bin:"
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
         ),
         QuoteString(f"HOME={home}"),
         QuoteString(f"TMPDIR={home}/tmp"),
@@ -294,7 +318,7 @@ def build_wheel(
         QuoteString(wheels),
         *settings,
         "./",
-        ">",
+        ">>",
         QuoteString(log),
         "2>&1 || { tail -n 40",
         QuoteString(log),

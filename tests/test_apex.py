@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+import re
 import subprocess
 from collections import Counter
 from types import SimpleNamespace
@@ -330,6 +332,23 @@ def test_build_wheel_flags():
     assert any(f"log on this host at {BUILD}/build.log" in line for line in result.logs)
 
 
+def test_build_finds_the_locks_ninja_on_path_in_its_env_snapshot():
+    """Without ``ninja`` on PATH torch's BuildExtension compiles serially (MAX_JOBS unused):
+    the build's PATH leads with the bin/ of the snapshot whose python runs the build, and the
+    log's first line says whether that bin/ has the ninja the torch lock installs."""
+    build = next(c for c in _build_op().commands if " wheel " in c)
+    (path,) = re.findall(r"env -i PATH=(\S+) ", build)
+    python = re.search(r" (\S+/python) -I -m pip ", build).group(1)
+    entries = path.split(":")
+    assert entries[0] == posixpath.dirname(python) == f"{BUILD}/env/bin"
+    assert entries[1] == "/usr/local/cuda-11.8/bin" and "/usr/bin" in entries
+    assert f"if [ -x {BUILD}/env/bin/ninja ]; then echo" in build
+    assert "ninja from the env, MAX_JOBS=6 parallel jobs" in build
+    assert "torch compiles serially, MAX_JOBS unused" in build
+    # the check writes the log's first line; pip appends to it
+    assert build.index(f"> {BUILD}/build.log") < build.index(f"./ >> {BUILD}/build.log 2>&1")
+
+
 def test_build_wheel_cpu_torch_has_no_cuda_ext():
     assert "--cuda_ext" not in " ".join(_build_op(cuda_ext=False).commands)
 
@@ -359,7 +378,7 @@ def test_build_runs_as_a_fresh_build_account_from_a_snapshot_and_root_takes_the_
     # clone, checkout, commit check and the build as the account; its snapshot's python, -I
     build, collect = steps[-1].split("; rc=$?; ", 1)
     assert all(c.startswith(AS_ACCOUNT) for c in [*steps[:-1], build]), steps
-    assert "env -i PATH=/usr/local/cuda-11.8/bin:" in build
+    assert f"env -i PATH={BUILD}/env/bin:/usr/local/cuda-11.8/bin:" in build
     assert f"HOME={BUILD} TMPDIR={BUILD}/tmp PIP_CONFIG_FILE=/dev/null PYTHONNOUSERSITE=1" in build
     assert f" {BUILD}/env/bin/python -I -m pip --disable-pip-version-check wheel " in build
     assert "sha256sum" not in build  # the account writes no sum any more
@@ -639,7 +658,9 @@ def _build_for_real(tmp_path, textwrap):
     (pkg / "setup.py").write_text(textwrap.dedent("""\
         import os, pwd, sys
         from setuptools import setup
+        import shutil
         print("built-as", pwd.getpwuid(os.getuid()).pw_name, "isolated", sys.flags.isolated)
+        print("ninja-at", shutil.which("ninja"))
         open("LEFTOVER", "w").write("left in /tmp by the build account")
         setup(name="apex", version="0.1", py_modules=["apexmod"])
         """))  # fmt: skip
@@ -654,6 +675,8 @@ def _build_for_real(tmp_path, textwrap):
                             text=True, check=True).stdout.strip()  # fmt: skip
     repo = tmp_path / "apex.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(pkg), str(repo)], check=True)
+    (env / "bin" / "ninja").write_text("#!/bin/sh\necho 1.13.2\n")  # as the lock's wheel puts it
+    (env / "bin" / "ninja").chmod(0o755)
     subprocess.run(["chown", "-R", "nobody:nogroup", str(env)], check=True)
     site = next(env.glob("lib/python3*/site-packages"))
     home, stage, logs = tmp_path / "b" / "apex-build", tmp_path / "stage", tmp_path / "log"
@@ -682,6 +705,8 @@ def _build_for_real(tmp_path, textwrap):
                                        text=True).stdout  # fmt: skip  # the plant is real
     log = (logs / "apex-build-K.log").read_text()
     assert f"built-as {ACCOUNT} isolated 0" in log and "PLANTED" not in log, log
+    # torch's BuildExtension would find ninja: the snapshot's, not the training user's env's
+    assert f"ninja-at {home}/env/bin/ninja\n" in log and "ninja from the env, MAX_JOBS=1" in log
     assert not home.exists() and not os.path.exists(leftover)
     tar = stage / "apex-K.tar"
     assert apex_build.recorded_sum(f"{tar}.sha256") == apex_build.sha256_of(str(tar))
