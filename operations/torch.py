@@ -1,6 +1,7 @@
 """torch (+ torchvision/torchaudio when the spec pins them) in the training env, installed with
 its whole dependency closure from a hash-locked file (``files/torch-requirements-<variant>.txt``,
-the spec's selection of it: ``p40fleet.hashlock.render``) with ``--require-hashes``.
+the spec's selection of it: ``p40fleet.hashlock.render``) with ``--require-hashes``. The lock
+also carries ``ninja`` for the Apex build that follows (``operations/apex.py``).
 
 A lock that cannot install the pins is refused here too, but deploy/preflight.py refuses such a
 host first (``p40fleet.preflight.torch_refusal``, the same ``render``), before any change."""
@@ -22,7 +23,11 @@ from p40fleet.operations.util.as_user import as_user
 from p40fleet.proxy import proxied
 from p40fleet.spec import Proxy, StackSpec
 
-__all__ = ["pip_command", "same_version", "torch", "survey_parts"]
+__all__ = ["BUILD_TOOLS", "pip_command", "same_version", "torch", "survey_parts"]
+
+#: Lock lines a later step runs from the env (the Apex build's ``ninja``), checked like the pins:
+#: an env made before the lock carried them, torch at the pin, still gets them from the lock.
+BUILD_TOOLS = ("ninja",)
 
 
 def same_version(installed: str | None, pinned: str) -> bool:
@@ -58,6 +63,9 @@ def torch(
     """
     Install ``torch==version`` (+ torchvision, torchaudio when pinned) into an env.
 
+    The lock's :data:`BUILD_TOOLS` lines (``ninja``) count like the pins: an env at the pins
+    without them gets the lock installed (pip adds only what is missing).
+
     + python: the env's interpreter
     + version: torch pin, e.g. ``2.6.0+cu118``
     + torchvision: torchvision pin, or None to leave it out (CPU-only labs)
@@ -73,27 +81,39 @@ def torch(
     """
     pins = {"torch": version, "torchvision": torchvision, "torchaudio": torchaudio}
     pins = {name: pin for name, pin in pins.items() if pin}
+    locked, unreadable = "", None
+    if lock is not None:
+        try:
+            with open(lock) as handle:
+                locked = handle.read()
+        except OSError as exc:  # e.g. stack.verl.requirements names a variant without a lock
+            unreadable = exc.strerror
+    tools = {
+        name: pin for name, pin in hashlock.pinned(locked).items() if name in BUILD_TOOLS and pin
+    }
     installed = {} if fresh_env else ask(host, EnvDistributions, python=python, user=user)
     wrong = {
         name: pin
-        for name, pin in pins.items()
+        for name, pin in (pins | tools).items()
         if not same_version(installed.get(name).version if name in installed else None, pin)
     }
     if not wrong and not force:
         host.noop("torch already at the pin: " + ", ".join(f"{n}=={v}" for n, v in pins.items()))
         return
     for name, pin in wrong.items():
+        whose = "the lock" if name in tools else "the spec"
         if name in installed:
-            host.log(f"{name} {installed[name].version} installed, the spec pins {pin}")
+            host.log(f"{name} {installed[name].version} installed, {whose} pins {pin}")
+        elif name in tools and installed:
+            host.log(f"{name} not in the env, the lock pins {pin} (the Apex build runs it)")
     if lock is None or lock_dest is None:
         raise ValueError("torch: lock and lock_dest are required (every byte installed is hashed)")
-    try:
-        with open(lock) as handle:
-            # the spec's selection (opt-in lines of packages not pinned dropped), sums added:
-            # the uploaded file holds exactly what is installed; the preflight decides alike
-            text, problems = hashlock.render(handle.read(), pins, sha256 or {})
-    except OSError as exc:  # e.g. stack.verl.requirements names a variant without a torch lock
-        text, problems = "", [f"cannot read it ({exc.strerror})"]
+    if unreadable is None:
+        # the spec's selection (opt-in lines of packages not pinned dropped), sums added:
+        # the uploaded file holds exactly what is installed; the preflight decides alike
+        text, problems = hashlock.render(locked, pins, sha256 or {})
+    else:
+        text, problems = "", [f"cannot read it ({unreadable})"]
     if problems:
         yield from refuse._inner(
             step="torch install",

@@ -29,7 +29,7 @@ import pytest
 from pyinfra.facts.files import Directory, File, Link, Sha1File
 from pyinfra.facts.server import Groups, Users
 
-from p40fleet import apex_build, preflight, verl_patches
+from p40fleet import apex_build, hashlock, preflight, verl_patches
 from p40fleet.facts.artifacts import ArtifactFile, ArtifactState, UnsafeParent
 from p40fleet.facts.conda import (
     CONDA_HEALTHY,
@@ -196,6 +196,9 @@ def converged(spec: StackSpec) -> dict:
         "apex": Dist("0.1"),
         "verl": Dist(spec.verl.version, editable=env.verl_checkout),
     }
+    # the torch lock's build tools (ninja, for the Apex build) are in a converged env too
+    locked = hashlock.pinned(preflight.torch_lock_path(spec).read_text())
+    dists |= {name: Dist(locked[name]) for name in torch.BUILD_TOOLS}
     staged = {}
     for which, files in (("model", MODEL_FILES), ("data", DATA_FILES)):
         archive = getattr(spec.training, which).archive

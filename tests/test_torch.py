@@ -35,13 +35,35 @@ def _torch(dists, lock=REAL_LOCK, torchvision="0.21.0+cu118", torchaudio="2.6.0+
     )
 
 
+AT_PIN = {
+    "torch": Dist("2.6.0+cu118"),
+    "torchvision": Dist("0.21.0+cu118"),
+    "torchaudio": Dist("2.6.0+cu118"),
+}
+
+
+def _locked(lock: str, name: str) -> str:
+    with open(lock) as handle:
+        return hashlock.pinned(handle.read())[name]
+
+
 def test_torch_at_pin_is_noop():
-    dists = {
-        "torch": Dist("2.6.0+cu118"),
-        "torchvision": Dist("0.21.0+cu118"),
-        "torchaudio": Dist("2.6.0+cu118"),
-    }
-    assert not _torch(dists).changed
+    assert not _torch(AT_PIN | {"ninja": Dist(_locked(REAL_LOCK, "ninja"))}).changed
+
+
+def test_an_env_at_the_pins_without_the_locks_ninja_gets_the_lock_installed():
+    """An env made before the lock carried ninja (torch at the pin) would build Apex serially:
+    the step installs the lock, which adds ninja (and nothing else moves)."""
+    assert torch.BUILD_TOOLS == ("ninja",)
+    sums = {"torchvision": SUM, "torchaudio": "cd" * 32}
+    for dists in (AT_PIN, AT_PIN | {"ninja": Dist("1.11.1")}):
+        result = _torch(dists, sha256=sums)
+        assert result.changed and result.commands[-1].endswith(
+            "install --require-hashes --index-url http://m/simple -r /c/torch.txt"
+        ), result.commands
+        ninja = _locked(REAL_LOCK, "ninja")
+        assert f"ninja=={ninja} --hash=sha256:" in result.uploads["/c/torch.txt"]
+        assert any(f"the lock pins {ninja}" in line for line in result.logs), result.logs
 
 
 def test_torch_without_a_published_sum_is_refused_naming_the_wheels():
