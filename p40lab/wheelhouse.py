@@ -55,9 +55,10 @@ TORCH_WHEELS = Path(os.environ.get("P40LAB_TORCH_WHEELS", "/opt/wheels"))
 TORCH_VERSION = "2.13.0+cpu"
 TORCH_REQUIREMENT = f"torch=={TORCH_VERSION}"
 
-# torch and its closure (setuptools included) come hash-locked from TORCH_LOCK; wheel, pip and
-# ninja are served for hand-run builds on a host without network (no deploy step installs them).
-BASE_REQUIREMENTS = ["wheel", "pip", "ninja"]
+# torch and its closure (setuptools included) and ninja (the Apex build's) come hash-locked from
+# TORCH_LOCK; wheel and pip are served for hand-run builds on a host without network (no deploy
+# step installs them).
+BASE_REQUIREMENTS = ["wheel", "pip"]
 
 PYTHON_VERSION = "3.11"
 ABI = "cp311"

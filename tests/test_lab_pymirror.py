@@ -164,6 +164,16 @@ def test_requirements_file_parsing(tmp_path):
     assert wheelhouse.line_hashes(torch_line) == [torch_line.rsplit(":", 1)[1]]
 
 
+def test_the_wheelhouse_takes_ninja_from_the_lab_lock_with_its_sum():
+    """The lab's hosts install ninja from the torch lock (the Apex build runs it): the mirror
+    fetches that line in hash-checking mode and checks a served file has its sum; no second,
+    unpinned ninja is fetched beside it."""
+    lock_lines = wheelhouse.read_requirements(wheelhouse.TORCH_LOCK)
+    ninja = [r for r in wheelhouse.default_requirements() if re.match(r"ninja\b", r)]
+    assert len(ninja) == 1 and ninja[0] in lock_lines, ninja
+    assert ninja[0].startswith("ninja==") and wheelhouse.line_hashes(ninja[0])
+
+
 def test_a_locked_line_no_served_file_matches_stops_the_wheelhouse(tmp_path, monkeypatch):
     """The hosts install with --require-hashes: a mirror without the locked bytes is an error
     at build time, naming the line (the sdist fetch finds nothing with --no-index)."""
