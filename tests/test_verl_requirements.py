@@ -401,6 +401,59 @@ def test_torch_lock_holds_the_closure_and_agrees_with_the_verl_file(variant):
     assert not differ, f"one env, one version per package: {differ}"
 
 
+def _ninja(variant: str) -> hashlock.LockLine:
+    (line,) = [x for x in hashlock.parse(TORCH_LOCKS[variant].read_text()) if x.name == "ninja"]
+    return line
+
+
+@pytest.mark.parametrize("variant", sorted(TORCH_LOCKS))
+def test_torch_lock_carries_ninja_for_the_apex_build(variant):
+    """The Apex build (the step after torch's) compiles with the env's ninja, in parallel; a
+    lock without it builds serially. Always installed (no opt-in mark), pinned, hashed."""
+    line = _ninja(variant)
+    assert line.version and line.hashes and not line.opt_in, line
+    assert "ninja" not in hashlock.pinned(FILES[variant].read_text())  # installed before apex
+
+
+#: glibc of the hosts each lock installs on (Ubuntu 20.04: 2.31; the lab's bookworm: 2.36).
+GLIBC = {"v0.5.0": ("3.10", 31), "lab": ("3.11", 36)}
+
+
+@pytest.mark.skipif(os.environ.get("P40FLEET_OFFLINE") == "1", reason="P40FLEET_OFFLINE=1")
+@pytest.mark.parametrize("variant", sorted(TORCH_LOCKS))
+def test_ninja_lists_pypis_sum_of_every_wheel_its_hosts_can_install(variant):
+    """--require-hashes installs only a listed sum: every PyPI wheel of the pinned ninja that
+    the target (CPython X.Y, manylinux glibc <= the hosts', x86_64) may pick is listed, and
+    nothing else."""
+    if not _pypi_reachable():
+        pytest.skip("PyPI unreachable")
+    from packaging import tags
+    from packaging.utils import parse_wheel_filename
+
+    line, (python, glibc) = _ninja(variant), GLIBC[variant]
+    # PEP 691's JSON simple index: what pip itself reads (every file, with its sha256)
+    accept = {"Accept": "application/vnd.pypi.simple.v1+json"}
+    request = urllib.request.Request("https://pypi.org/simple/ninja/", headers=accept)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        files = json.load(response)["files"]
+    version = tuple(int(x) for x in python.split("."))
+    plats = [f"manylinux_2_{m}_x86_64" for m in range(glibc, 4, -1)]
+    plats += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    interpreter = "cp" + python.replace(".", "")
+    supported = {
+        *tags.cpython_tags(version, abis=[interpreter], platforms=plats),
+        *tags.compatible_tags(version, interpreter=interpreter, platforms=plats),
+    }
+    wheels = [f for f in files if f["filename"].endswith(".whl") and not f.get("yanked")]
+    want = {
+        f["hashes"]["sha256"]
+        for f in wheels
+        if str(parse_wheel_filename(f["filename"])[1]) == line.version
+        and parse_wheel_filename(f["filename"])[3] & supported
+    }
+    assert want and set(line.hashes) == want, (sorted(line.hashes), sorted(want))
+
+
 def test_direct_pins_agree_between_fleet_and_lab(verl_src, ppo):
     fleet, lab = pins(FILES["v0.5.0"]), pins(FILES["lab"])
     differ = [
