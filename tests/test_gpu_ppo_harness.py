@@ -345,7 +345,10 @@ assert w.ActorRolloutRefWorker.init_model.dispatch == "ONE_TO_ALL"  # @register 
 assert w.ActorRolloutRefWorker().init_model() == "done"
 w.CriticWorker().init_model()
 deadline = time.time() + 10
-while not any(n.startswith("mem-") for n in os.listdir(os.environ["P40_MEAS_DIR"])):
+# the hook writes mem-PID.json.tmp, then renames it: wait for the renamed file, not the .tmp
+# (an exit between the two left only the .tmp: CI failed once on it, under load)
+while not any(n.startswith("mem-") and n.endswith(".json")
+              for n in os.listdir(os.environ["P40_MEAS_DIR"])):
     assert time.time() < deadline, "no memory record"
     time.sleep(0.1)
 print(json.dumps(torch.fractions))
