@@ -58,23 +58,18 @@ def built(lab, tmp_path_factory):
     base = mirror.BASE_URL
     served = f"http://{httpd.BIND}:{PORT}"
     t0 = time.monotonic()
-    build = _mirror_cli(
+    args = [
         "build", str(work / "mirror"), "--inventory", "inventories/sim.py", "--quiet",
         "--index-url", f"{base}/simple", "--git-base-url", f"{base}/git",
         "--conda-upstream", f"{base}/conda", "--base-url", served,
         "--kernel", kernel, "--apt-upstream", f"{base}/apt", "--apt-suite", "./",
         "--allow-unverified-upstream", "--apt-installed", str(status),
-    )  # fmt: skip
+    ]  # fmt: skip
+    build = _mirror_cli(*args)
     seconds = time.monotonic() - t0
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     print(f"\nmirror build from the lab's mirror: {seconds:.1f} s\n{build.stdout}")
-    again = _mirror_cli(
-        "build", str(work / "mirror"), "--inventory", "inventories/sim.py", "--quiet",
-        "--index-url", f"{base}/simple", "--git-base-url", f"{base}/git",
-        "--conda-upstream", f"{base}/conda", "--base-url", served,
-        "--kernel", kernel, "--apt-upstream", f"{base}/apt", "--apt-suite", "./",
-        "--allow-unverified-upstream", "--apt-installed", str(status),
-    )  # fmt: skip
+    again = _mirror_cli(*args)  # the same build again
     assert again.returncode == 0, again.stderr[-4000:]
     log = work / "access.log"
     server = subprocess.Popen(
