@@ -85,6 +85,7 @@ def mirror_hook(action: str, data: dict | None = None) -> None:
     default instance); ``stop``: ``httpd.stop_server()``.
     """
     step = "p40lab.mirror.ensure_mirror"
+    httpd.UPSTREAM_OPEN.unlink(missing_ok=True)  # a route out lasts one up at most
     try:
         if action == "start":
             t0 = time.monotonic()

@@ -1,6 +1,11 @@
 """The lab's mirror server: p40fleet's own (``p40fleet.mirror.serve``: byte ranges, content
 types) with the lab's access log (one line per request with the bytes sent) and a pid file.
 
+It also serves the lab's stand-in for upstream (``/upstream/``, :mod:`p40lab.mirror`), to the
+controller only: a host asking there gets 403, as an air-gapped host gets nothing from the
+world. :func:`open_upstream` lets one host through (a host with a route out, e.g. the doubles'
+own tests).
+
 Started in the background by :func:`start_server` as ``python -m p40lab.mirror serve`` (the
 name :func:`p40lab.procs.lab_processes` looks for), bound to this lab instance's controller
 address only (p40lab.state: ``$P40LAB_INSTANCE``), so one instance never serves or stops
@@ -12,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +31,39 @@ ACCESS_LOG = _lab.LAB_DIR / "mirror-access.log"
 SERVER_LOG = _lab.LAB_DIR / "mirror-server.log"
 BIND = _lab.CONTROLLER_IP
 PORT = _lab.MIRROR_PORT
+UPSTREAM = "upstream"  # the top dir of the mirror dir that stands in for the world
+UPSTREAM_OPEN = _lab.LAB_DIR / "upstream-open"  # addresses let through, one per line
+
+
+def upstream_open() -> set[str]:
+    """The addresses besides the controller's that may reach upstream."""
+    try:
+        return set(UPSTREAM_OPEN.read_text().split())
+    except OSError:
+        return set()
+
+
+def open_upstream(address: str, is_open: bool = True) -> None:
+    """Let ``address`` reach upstream (or no longer): a host with a route out."""
+    now = upstream_open() | {address} if is_open else upstream_open() - {address}
+    UPSTREAM_OPEN.parent.mkdir(parents=True, exist_ok=True)
+    UPSTREAM_OPEN.write_text("".join(f"{a}\n" for a in sorted(now)))
 
 
 class _Handler(RangeFileHandler):
-    """p40fleet's mirror server with the lab's access log (a fault test's host counts)."""
+    """p40fleet's mirror server with the lab's access log (a fault test's host counts), and
+    upstream answered to the controller only."""
 
     access_log: Path = ACCESS_LOG
+
+    def send_head(self):
+        rel = os.path.relpath(self.translate_path(self.path), self.directory)
+        client = self.client_address[0]
+        if rel.split(os.sep, 1)[0] == UPSTREAM and client != BIND:
+            if client not in upstream_open():
+                self.send_error(403, "Forbidden: upstream is not reachable from the lab's hosts")
+                return None
+        return super().send_head()
 
 
 def serve(
@@ -87,6 +120,15 @@ def start_server(
         stop=lambda: stop_server(pid_file=pid_file),
         timeout=timeout,
     )
+
+
+def answers(base_url: str, timeout: float = 2.0) -> bool:
+    """True when a server answers at ``base_url``."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/", timeout=timeout):  # noqa: S310
+            return True
+    except OSError:
+        return False
 
 
 def stop_server(*, pid_file: Path = PID_FILE) -> bool:

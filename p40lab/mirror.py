@@ -1,8 +1,14 @@
-"""The lab's artifact mirror: builds the installer doubles and serves them over HTTP.
+"""The lab's mirror: the lab's stand-in for upstream (the installer doubles, the wheelhouse,
+the git remotes, the conda channel, the flat apt repository) and the mirror the hosts use, built
+from that upstream by ``p40fleet.mirror`` itself, as an admin builds a real lab's (#27).
 
-Layout of the mirror dir (``$P40LAB_CACHE/mirror``, default ``/var/cache/p40lab/mirror``; other
-modules add ``simple/``, ``wheels/``, ``git/`` beside; this module owns ``artifacts/`` and
-``apt/`` only)::
+The mirror dir (``$P40LAB_CACHE/mirror``, default ``/var/cache/p40lab/mirror``) is what
+``p40fleet.mirror build`` writes (``manifest.json``, ``artifacts/``, ``simple/``, ``git/``,
+``conda/``, a signed dists-style ``apt/``); its ``upstream/`` is the world the build fetches from,
+served at ``BASE_URL/upstream/`` to the controller only (:mod:`p40lab.httpd` answers a host 403
+there, as the world does not answer an air-gapped host). Upstream's layout (other modules add
+``simple/``, ``wheels/``, ``git/``, ``conda/`` beside; this module owns ``artifacts/`` and
+``apt/``)::
 
     artifacts/NVIDIA-Linux-x86_64-525.147.05.run       driver double (makeself-style, sh FILE)
     artifacts/NVIDIA-Linux-x86_64-525.125.06.run       older R525 driver (upgrade tests)
@@ -19,7 +25,8 @@ modules add ``simple/``, ``wheels/``, ``git/`` beside; this module owns ``artifa
 
 Served at ``http://10.231.0.1:8111/`` (document root = mirror dir) by ``python -m p40lab.mirror
 serve``, which logs one line per request with the bytes sent to
-``/var/lib/p40lab/mirror-access.log``.
+``/var/lib/p40lab/mirror-access.log``: the build's fetches from ``/upstream/`` (the controller's)
+and each host's from the mirror.
 
 Built from :mod:`p40lab.artifacts` (the installer doubles) and :mod:`p40lab.apt` (the apt repo);
 served by :mod:`p40lab.httpd`. This module keeps the build stamp, the pins (:func:`make_pins`),
@@ -34,6 +41,7 @@ import argparse
 import hashlib
 import json
 import os
+import runpy
 import shutil
 import sys
 import tempfile
@@ -70,6 +78,8 @@ BUILD_VERSION = "1"
 # corrupts another's mirror.
 MIRROR_DIR = _lab.MIRROR_DIR
 BASE_URL = f"http://{httpd.BIND}:{httpd.PORT}"
+UPSTREAM = httpd.UPSTREAM  # upstream's dir inside the mirror dir, and its URL path
+UPSTREAM_URL = f"{BASE_URL}/{UPSTREAM}"
 STAMP_FILE = ".p40lab-doubles.json"
 ORIG_DIR = ".p40lab-orig"  # pristine copies of corrupted artifacts (not under a served path)
 # The modules whose code shapes the built bytes: a change in any of them rebuilds the doubles.
@@ -220,42 +230,108 @@ def ensure_mirror(
     *,
     force: bool = False,
     kernel_release: str | None = None,
+    tool: bool = True,
 ) -> dict[str, Any]:
-    """Build the doubles into the mirror unless the cached build is current (stamp = hash of the
-    double sources, the builder modules, kernel release, base URL, unpack requirement) and
-    intact; then the Python mirror and the training archives. Returns the pins and publishes
-    the lab's stack with ``p40lab.state.set_stack_overrides``."""
+    """Build upstream (``mirror_dir/upstream``): the doubles unless the cached build is current
+    (stamp = hash of the double sources, the builder modules, kernel release, base URL, unpack
+    requirement) and intact, then the Python side and the training archives. ``tool``: then
+    build the hosts' mirror from it with ``p40fleet.mirror`` (:func:`build_served`; the server
+    must answer, :func:`ensure_mirror` starts it). Returns the pins and publishes the lab's
+    stack with ``p40lab.state.set_stack_overrides``."""
     mirror_dir = Path(mirror_dir or _state_get(state, "mirror_dir") or MIRROR_DIR)
-    base_url = _state_get(state, "mirror_url") or BASE_URL
+    base_url = (_state_get(state, "mirror_url") or BASE_URL).rstrip("/")
+    upstream_dir, upstream_url = mirror_dir / UPSTREAM, f"{base_url}/{UPSTREAM}"
+    _move_old_layout(mirror_dir)
     kr = kernel_release or os.uname().release
     unpack = int(os.environ.get("P40LAB_CUDA_UNPACK_BYTES", CUDA_UNPACK_BYTES_REAL))
     pins = None
     if not force:
         try:
-            cached = json.loads((mirror_dir / STAMP_FILE).read_text())
+            cached = json.loads((upstream_dir / STAMP_FILE).read_text())
         except (OSError, ValueError):
             cached = {}
-        if cached.get("stamp") == _stamp(kr, base_url, unpack):
-            for name in list((mirror_dir / ORIG_DIR).glob("*")):
-                restore_artifact(name.name, mirror_dir)  # a fault test left one corrupted
+        if cached.get("stamp") == _stamp(kr, upstream_url, unpack):
+            for name in list((upstream_dir / ORIG_DIR).glob("*")):
+                restore_artifact(name.name, upstream_dir)  # a fault test left one corrupted
             try:
-                current = make_pins(mirror_dir, base_url)
+                current = make_pins(upstream_dir, upstream_url)
             except OSError:
                 current = None
             if current == cached.get("pins"):
                 pins = current
-                log(f"mirror doubles up to date: {mirror_dir}")
+                log(f"upstream doubles up to date: {upstream_dir}")
     if pins is None:
-        pins = build(mirror_dir, kernel_release=kr, base_url=base_url, unpack_bytes=unpack)
-    python = sim_stack.build_python_mirror(mirror_dir, base_url)
+        pins = build(upstream_dir, kernel_release=kr, base_url=upstream_url, unpack_bytes=unpack)
+    python = sim_stack.build_python_mirror(upstream_dir, upstream_url)
     # the training model and data archives, beside the doubles (same bytes every build)
-    training = training_data.build_training_archives(mirror_dir / "artifacts", base_url)
+    training = training_data.build_training_archives(upstream_dir / "artifacts", upstream_url)
     stack = sim_stack.sim_stack(
-        pins, python, base_url, sim_stack.base_python_version(), unpack_bytes=unpack,
+        pins, python, upstream_url, sim_stack.base_python_version(), unpack_bytes=unpack,
         training=training,
     )  # fmt: skip
+    if tool:
+        for name in list((mirror_dir / ORIG_DIR).glob("*")):
+            restore_artifact(name.name, mirror_dir)  # the build would fetch it again anyway
+        if not httpd.answers(base_url):
+            httpd.start_server(mirror_dir)
+        stack["mirror"] = build_served(mirror_dir, base_url, stack, kr)
     _lab.set_stack_overrides(stack, replace=True)
     return pins
+
+
+#: What the lab's hosts install from apt beyond the deploy's packages: the kernel update of
+#: tests/lab/test_kernel_update.py (an air-gapped fleet takes it from its mirror too).
+def _kernel_update_packages(kernel_release: str) -> list[str]:
+    return [f"linux-image-{apt.second_kernel(kernel_release)}".lower()]
+
+
+def build_served(mirror_dir: Path, base_url: str, stack: dict[str, Any], kr: str) -> dict[str, Any]:
+    """``p40fleet.mirror``'s build of the hosts' mirror into ``mirror_dir`` from upstream
+    (``base_url/upstream``, which must answer): every file the lab's spec needs, each checked
+    against its pin, and the apt closure of the deploy's packages for this kernel and of the
+    kernel update, signed with the build's key. Returns the ``stack["mirror"]`` block
+    (air-gapped) that points the hosts at it."""
+    from p40fleet.mirror import apt as apt_repo
+    from p40fleet.mirror.build import AptPlan, merge, needs_for, stack_block
+    from p40fleet.mirror.build import build as build_mirror
+    from p40fleet.spec.load import load_spec
+
+    upstream = f"{base_url}/{UPSTREAM}"
+    group = Path(__file__).resolve().parents[1] / "inventories/group_data/all.py"
+    spec = load_spec("p40lab", runpy.run_path(str(group)).get("stack") or {}, stack)
+    needs = merge(needs_for(spec, f"{upstream}/git", f"{upstream}/conda"))
+    kernels = [kr, apt.second_kernel(kr)]
+    plan = AptPlan(
+        (*apt_repo.deploy_packages(kernels), *_kernel_update_packages(kr)),
+        apt_repo.Upstream(url=f"{upstream}/apt", suites=("./",), allow_unverified=True),
+        refresh=True,  # upstream's apt is rebuilt with the doubles: read its index each time
+        base_url=base_url,
+        installed=_lab.BASE_DIR / "var/lib/dpkg/status",  # what every host's image has
+    )
+    t0 = time.monotonic()
+    result = build_mirror(mirror_dir, needs, indexes=[f"{upstream}/simple"], progress=False,
+                          apt=plan)  # fmt: skip
+    fetched = {kind: n for kind, (n, _) in result.fetched.items()}
+    moved = sum(size for _, size in result.fetched.values())
+    log(f"mirror built by p40fleet.mirror from {upstream} in {time.monotonic() - t0:.1f} s: "
+        f"{len(result.manifest.entries)} files, fetched now {fetched or 0} "
+        f"({moved / 1e6:.1f} MB)")  # fmt: skip
+    block = stack_block(base_url, result.apt, conda=True)
+    return {**block, "pip_find_links": None, "air_gapped": True}
+
+
+def _move_old_layout(mirror_dir: Path) -> None:
+    """A mirror dir from before #27's lab build held upstream's files at its top: move them
+    into ``upstream/`` (the wheelhouse is kept, not downloaded again)."""
+    if not (mirror_dir / STAMP_FILE).exists() or (mirror_dir / UPSTREAM).exists():
+        return
+    staging = mirror_dir / f".{UPSTREAM}-moving"
+    staging.mkdir(exist_ok=True)
+    for entry in list(mirror_dir.iterdir()):
+        if entry.name not in (staging.name, ORIG_DIR):
+            entry.rename(staging / entry.name)
+    staging.rename(mirror_dir / UPSTREAM)
+    log(f"moved the old mirror layout of {mirror_dir} into {UPSTREAM}/")
 
 
 # ---------------------------------------------------------------------------- fault helpers

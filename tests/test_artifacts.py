@@ -245,6 +245,37 @@ def served(log) -> list[tuple[int, int]]:
     return [(e["status"], e["bytes"]) for e in httpd.access_entries(log)]
 
 
+def test_upstream_answers_the_controller_and_an_opened_host_only(range_server, monkeypatch):
+    """The lab's stand-in for the world (``/upstream/``) answers a host 403, as the world does
+    not answer an air-gapped host; the mirror beside it answers everyone."""
+    import urllib.error
+    import urllib.request
+
+    from p40lab import httpd
+
+    monkeypatch.setattr(httpd, "UPSTREAM_OPEN", range_server["root"].parent / "upstream-open")
+    (range_server["root"] / httpd.UPSTREAM).mkdir()
+    (range_server["root"] / httpd.UPSTREAM / "a.run").write_bytes(b"upstream")
+    (range_server["root"] / "a.run").write_bytes(b"mirror")
+
+    def get(path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"{range_server['url']}/{path}", timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, b""
+
+    assert get("a.run") == (200, b"mirror")
+    assert get(f"{httpd.UPSTREAM}/a.run")[0] == 403  # 127.0.0.1 is not the controller
+    assert get(f"{httpd.UPSTREAM}/./a.run")[0] == 403  # as the file server maps the path
+    httpd.open_upstream("127.0.0.1")
+    assert get(f"{httpd.UPSTREAM}/a.run") == (200, b"upstream")
+    httpd.open_upstream("127.0.0.1", False)
+    assert get(f"{httpd.UPSTREAM}/a.run")[0] == 403
+    monkeypatch.setattr(httpd, "BIND", "127.0.0.1")  # the controller's own requests
+    assert get(f"{httpd.UPSTREAM}/a.run") == (200, b"upstream")
+
+
 def blob(size: int) -> bytes:
     return (hashlib.sha256(b"seed").digest() * (size // 32 + 1))[:size]
 

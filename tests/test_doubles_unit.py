@@ -128,17 +128,33 @@ def test_ensure_mirror_caches_and_restores(tmp_path, monkeypatch):
     published = []
     monkeypatch.setattr(mirror._lab, "set_stack_overrides", lambda s, **kw: published.append(s))
     # the lab instance's own URL: the calls below without a state fall back to it
-    pins = mirror.ensure_mirror({"mirror_url": mirror.BASE_URL}, tmp_path)
+    # tool=False: upstream only (p40fleet.mirror's build of the hosts' mirror needs the
+    # instance's server, which a unit test has not)
+    pins = mirror.ensure_mirror({"mirror_url": mirror.BASE_URL}, tmp_path, tool=False)
     assert calls == [1]
-    again = mirror.ensure_mirror(None, tmp_path)
+    again = mirror.ensure_mirror(None, tmp_path, tool=False)
     assert calls == [1] and again == pins
     name = pins["driver"]["filename"]
-    mirror.corrupt_artifact(name, tmp_path)
-    assert sha256_file(tmp_path / "artifacts" / name) != pins["driver"]["sha256"]
-    assert mirror.ensure_mirror(None, tmp_path) == pins  # restored, not rebuilt
+    upstream = tmp_path / mirror.UPSTREAM
+    mirror.corrupt_artifact(name, upstream)
+    assert sha256_file(upstream / "artifacts" / name) != pins["driver"]["sha256"]
+    assert mirror.ensure_mirror(None, tmp_path, tool=False) == pins  # restored, not rebuilt
     assert calls == [1]
     assert [s["torch"]["version"] for s in published] == ["2.6.0"] * 3  # published each time
-    assert published[0]["mirror"]["artifacts_url"] == f"{mirror.BASE_URL}/artifacts"
+    assert pins["driver"]["url"].startswith(f"{mirror.UPSTREAM_URL}/artifacts/")
+
+
+def test_an_old_mirror_dir_moves_into_upstream_keeping_its_files(tmp_path):
+    """Before #27's lab build the mirror dir held upstream's files at its top."""
+    (tmp_path / mirror.STAMP_FILE).write_text("{}")
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels/six-1.17.0-py2.py3-none-any.whl").write_bytes(b"wheel")
+    mirror._move_old_layout(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mirror.UPSTREAM]
+    moved = tmp_path / mirror.UPSTREAM / "wheels/six-1.17.0-py2.py3-none-any.whl"
+    assert moved.read_bytes() == b"wheel"
+    mirror._move_old_layout(tmp_path)  # once only
+    assert moved.is_file()
 
 
 @needs_tools

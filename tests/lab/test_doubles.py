@@ -3,7 +3,8 @@
 Uses the session fixture ``lab`` (tests/lab/conftest.py): ``lab.ssh(host, cmd)``,
 ``lab.reboot(host)``, ``lab.reinstall(host)``. Artifacts come from the test lab instance's
 mirror (p40lab.mirror; http://10.231.0.1:8111 in the default lab). Each test group reinstalls
-its host first.
+its host first. The doubles are the lab's stand-in for the world (its ``upstream/``, which
+answers only the controller): this module's hosts are given a route out while it runs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from p40lab import mirror
+from p40lab import httpd, mirror
 from p40lab.artifacts import pins as lab_pins
 
 if not (Path(__file__).parent / "conftest.py").exists():
@@ -21,12 +22,24 @@ if not (Path(__file__).parent / "conftest.py").exists():
 
 pytestmark = pytest.mark.lab
 
-ART = f"{mirror.BASE_URL}/artifacts"  # this lab instance's mirror (tests/conftest.py)
+ART = f"{mirror.UPSTREAM_URL}/artifacts"  # this lab instance's upstream (tests/conftest.py)
 DRIVER = lab_pins.driver_filename(lab_pins.DRIVER_VERSION)
 OLD_DRIVER = lab_pins.driver_filename(lab_pins.EXTRA_DRIVER_VERSIONS[0])
 CUDA = lab_pins.CUDA_FILENAME
 MINICONDA = lab_pins.MINICONDA_FILENAME
-CHANNEL = f"{mirror.BASE_URL}/conda"  # the mirror's conda channel (p40lab.sim_stack)
+CHANNEL = f"{mirror.UPSTREAM_URL}/conda"  # upstream's conda channel (p40lab.sim_stack)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def route_out(lab):
+    """Every lab host may reach upstream while this module runs (and no longer after)."""
+    lab.ensure_default()  # an up after the opening would close the route (p40lab.hosts)
+    addresses = [host["ip"] for host in lab.state["hosts"]]
+    for address in addresses:
+        httpd.open_upstream(address)
+    yield
+    for address in addresses:
+        httpd.open_upstream(address, False)
 
 
 def sh(lab, host, cmd, ok=True):
@@ -47,9 +60,9 @@ def drop_headers(lab, host):
 
 
 def use_mirror(lab, host):
-    """The image names only the unreachable archive: write the mirror's source as the deploy
-    does (deploy/system.py, stack.mirror.apt, air-gapped)."""
-    source = shlex.quote(f"deb [trusted=yes] {mirror.BASE_URL}/apt ./")
+    """The image names only the unreachable archive: write upstream's flat repository as the
+    source, as the deploy writes the mirror's (deploy/system.py, stack.mirror.apt)."""
+    source = shlex.quote(f"deb [trusted=yes] {mirror.UPSTREAM_URL}/apt ./")
     sh(lab, host, f"echo {source} > /etc/apt/sources.list.d/p40fleet-mirror.list && "
        "mkdir -p /etc/apt/p40fleet-aside && { [ ! -f /etc/apt/sources.list ] || "
        "mv /etc/apt/sources.list /etc/apt/p40fleet-aside/; } && apt-get update -qq")  # fmt: skip

@@ -1,12 +1,13 @@
 """#27 end to end: ``python -m p40fleet.mirror build`` -> ``verify`` -> ``serve``, then
 ``deploy/full.py`` converges a lab host from nothing from that mirror alone.
 
-"Upstream" is the lab's own mirror (its installer doubles as NVIDIA's and Anaconda's downloads,
-its wheelhouse as the package index, its git remotes as GitHub, its conda channel, its flat
-apt repository as the Ubuntu archive). The tool fetches from it what the lab's pins need, each
-file checked against its pin; the lab's mirror is then stopped, so the host reaches nothing but
-the freshly built one (``air_gapped``: apt, conda, pip, git and the artifacts all from it, the
-apt repository signed by the key the build made, no ``trusted=yes``).
+"Upstream" is the lab's stand-in for the world (``p40lab.mirror``'s ``upstream/``: its installer
+doubles as NVIDIA's and Anaconda's downloads, its wheelhouse as the package index, its git
+remotes as GitHub, its conda channel, its flat apt repository as the Ubuntu archive), from which
+the lab's own mirror is built by the same tool in-process. Here the CLI builds a second one from
+it, each file checked against its pin; the lab's server is then stopped, so the host reaches
+nothing but the freshly built one (``air_gapped``: apt, conda, pip, git and the artifacts all
+from it, the apt repository signed by the key the build made, no ``trusted=yes``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def built(lab, tmp_path_factory):
     kernel = lab.ssh(HOST, "uname -r", check=True).stdout.strip()
     status = work / "dpkg-status"  # what every host has after the OS install
     shutil.copyfile(lab.root(HOST) / "var/lib/dpkg/status", status)
-    base = mirror.BASE_URL
+    base = mirror.UPSTREAM_URL  # the controller may reach it; the hosts never do
     served = f"http://{httpd.BIND}:{PORT}"
     t0 = time.monotonic()
     args = [
