@@ -50,8 +50,10 @@ class GitCheckout(FactBase[GitState]):
     def command(self, path: str, user: str) -> str:
         q = QuoteString(path)
         # As the training user, the checkout's owner: no safe.directory override, so git never
-        # honours a repo config of someone else's (core.fsmonitor runs a command).
-        git = StringCommand("git -C", q)
+        # honours a repo config of someone else's (core.fsmonitor runs a command). No optional
+        # locks: a fact never writes, and ``git status`` would refresh .git/index (a --dry run
+        # changed the checkout's files, as the verify probe's own git call already avoids).
+        git = StringCommand("git --no-optional-locks -C", q)
         return _as(user, StringCommand(
             "if [ ! -e",
             q,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 from types import SimpleNamespace
@@ -34,12 +35,7 @@ def test_git_checkout(tmp_path):
     assert rc == 0 and fact.process(out).exists is False
     rc, out = _sh(fact.command(user=ME, path=str(tmp_path)))
     assert rc == 0 and fact.process(out).is_repo is False
-    repo = tmp_path / "r"
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "a.py").write_text("x\n")
-    subprocess.run([*git, "add", "a.py"], check=True)
-    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    repo, git = _committed_repo(tmp_path)
     subprocess.run([*git, "remote", "add", "origin", "http://m/git/verl.git"], check=True)
     (repo / "a.py").write_text("y\n")
     rc, out = _sh(fact.command(user=ME, path=str(repo)))
@@ -299,3 +295,27 @@ def test_verl_checkout_and_patches():
     assert "local edits" in bad["verl patches"].detail and PATCHED[0] in bad["verl patches"].detail
     none = checks_for(sections(**{"verl-patches": ["missing=/home/verl/verl/.p40", "@@rc 0"]}))
     assert none["verl patches"].status == FAIL and "not applied" in none["verl patches"].detail
+
+
+def test_git_checkout_fact_never_writes_the_index(tmp_path):
+    """A fact only reads: ``git status`` refreshes a stale index unless optional locks are off
+    (a ``--dry`` run changed ``.git/index`` in the training user's checkout)."""
+    fact = GitCheckout()
+    repo, git = _committed_repo(tmp_path)
+    os.utime(repo / "a.py", (1_000_000_000, 1_000_000_000))  # same bytes, other stat data
+    index = repo / ".git" / "index"
+    before = (index.read_bytes(), index.stat().st_mtime_ns)
+    rc, out = _sh(fact.command(user=ME, path=str(repo)))
+    assert rc == 0 and fact.process(out).modified == ()
+    assert (index.read_bytes(), index.stat().st_mtime_ns) == before
+
+
+def _committed_repo(tmp_path):
+    """A checkout with one committed file ``a.py`` and the git argv that commits in it."""
+    repo = tmp_path / "r"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.py").write_text("x\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    return repo, git
