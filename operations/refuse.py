@@ -107,7 +107,7 @@ def refused_hosts() -> set[str]:
 
 def host_refusals(target) -> list[tuple[str, str, str]]:
     """``(step, reason, fix)`` of each refusal queued for ``target`` in this run (the report's
-    REFUSED checks: ``operations.run.verification``)."""
+    REFUSED checks: ``operations.run.verify``)."""
     return list(run_record(target.state).refusals.get(target.name, []))
 
 

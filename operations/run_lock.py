@@ -146,7 +146,7 @@ def refreshed():
 
 def defer_release() -> None:
     """This host's lock outlives its last operation: whoever runs last on it (the verification
-    after the run, ``operations.run.verification``) releases it with :func:`release_for`, in the
+    after the run, ``operations.run.verify``) releases it with :func:`release_for`, in the
     same command as its probe. A failing operation still releases at once."""
     run_record(state).lock_deferred.add(host.name)
 

@@ -15,11 +15,11 @@ import posixpath
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from p40fleet import gendoc
 from p40fleet.apex_build import BUILD_ACCOUNT, BUILD_HOME, BUILD_LOG_DIR
 from p40fleet.gendoc import cell
+from p40fleet.paths import REPO
 from p40fleet.privdrop import STAGE_DIR
 from p40fleet.proxy import PROXY_DIR, PROXY_FILE
 from p40fleet.ray import TOKEN_FILE, UNIT_NAME, UNIT_PATH
@@ -30,7 +30,7 @@ __all__ = [
     "DOC", "FOOTPRINT", "UNDO_KINDS", "Item", "items", "places", "render", "settings_of",
 ]  # fmt: skip
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "footprint.md"
+DOC = REPO / "docs" / "footprint.md"
 
 # The same paths as the operations that write them (tests/test_footprint.py checks each one
 # against its operation's constant: operations/ is not importable from the p40fleet package).

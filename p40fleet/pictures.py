@@ -15,8 +15,8 @@ from html import escape
 from pathlib import Path
 
 from p40fleet import gendoc
+from p40fleet.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PICTURES = REPO / "docs" / "pictures"
 MEASUREMENTS = REPO / "docs" / "measurements"
 #: The model every PPO measurement ran (Qwen2.5-0.5B-Instruct's shape, random weights).

@@ -53,6 +53,7 @@ from rich.text import Text
 
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.host_key import REFUSED as GUARD_REFUSED
+from p40fleet.paths import REPO
 from p40fleet.spec import StackSpec
 from p40fleet.verification.check import FAIL, PASS, SKIP, Check, host_verdict
 
@@ -88,7 +89,6 @@ __all__ = [
 REPORT_ENV = "P40FLEET_REPORT"
 #: Environment variable naming the inventory for the report (set by ``p40fleet.verify``).
 INVENTORY_ENV = "P40FLEET_INVENTORY"
-REPO = Path(__file__).resolve().parent.parent
 UNREACHABLE = "UNREACHABLE"
 REFUSED = "REFUSED"
 VERDICTS = (PASS, FAIL, UNREACHABLE, REFUSED)

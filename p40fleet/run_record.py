@@ -88,7 +88,7 @@ class RunRecord:
     survey_books: dict[str, Any] = field(default_factory=dict)
 
     #: The hosts verified after the run's last operation, with their spec (None: refused;
-    #: ``operations.run.verification.verify_after_run``).
+    #: ``operations.run.verify.verify_after_run``).
     verify_specs: dict[str, StackSpec | None] = field(default_factory=dict)
 
     #: Whether the verification after the run is registered on the State (once per run).

@@ -77,7 +77,6 @@ TESTED_ELSEWHERE = {
     "facts/home.py": "test_homesafe.py",  # the training user's files, read as that user
     "facts/host.py": "test_host_facts.py",  # OS, kernel, space, CPUs, memory: every layer's
     "facts/packages.py": "test_driver.py",  # dpkg's state: the driver's build prerequisites
-    "facts/verify.py": "test_verification.py",  # the verify probe: every check's answers
     "operations/training_user.py": "test_homesafe.py",  # the user whose home root never acts in
     "facts/footprint.py": "test_uninstall.py",  # what uninstall reads; test_footprint: the doc
     "operations/ray.py": "test_ray_ops.py",  # test_ray.py: p40fleet/ray.py and the Ray checks

@@ -13,7 +13,7 @@ from pyinfra.connectors.util import CommandOutput, make_unix_command
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
 
-from p40fleet.operations.run import verification
+from p40fleet.operations.run import verify as run_verify
 from p40fleet.spec import load_spec
 from p40fleet.training import TrainingTarget
 
@@ -122,8 +122,8 @@ def test_verify_probe_after_the_run_uses_the_hosts_sudo(monkeypatch):
     plan = TrainingTarget("/m", "/d/train.parquet", "/d/test.parquet")
     monkeypatch.setattr(target, "get_fact", lambda fact, **kw: [])
     monkeypatch.setattr(target, "run_shell_command", run_shell_command)
-    monkeypatch.setattr(verification.training, "training_target", lambda spec, t: plan)
-    verification._probe_now(target, load_spec("h1", {}))
+    monkeypatch.setattr(run_verify.training, "training_target", lambda spec, t: plan)
+    run_verify._probe_now(target, load_spec("h1", {}))
     assert seen.get("_sudo") is True and seen.get("_sudo_password") == "pw"
 
 

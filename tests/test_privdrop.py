@@ -353,10 +353,10 @@ def test_system_account_refusal_names_another_user_never_usermod():
 
 
 def test_the_verify_probe_answers_through_the_drop_and_never_runs_the_env_as_root(open_tmp):
-    """S1 for real: the whole probe on a fake host (tests/test_verification.py) as root with the
+    """S1 for real: the whole probe on a fake host (tests/test_verify.py) as root with the
     training user ``nobody``: the env's python answers, and its .pth ran as nobody only."""
     from p40fleet.verification.probe import parse_probe
-    from tests.test_verification import _fake_host
+    from tests.test_verify import _fake_host
 
     nobody = _needs_root_and_nobody()
     params = {**_fake_host(open_tmp), "user": "nobody"}
@@ -527,7 +527,7 @@ def test_the_probe_keeps_root_sections_and_answers_over_a_fifo(open_tmp):
     a child on stdout leaves root's sections as root saw them, and the probe does not wait for
     the child; a FIFO at the launch script answers, no hang."""
     from p40fleet.verification.probe import parse_probe
-    from tests.test_verification import _fake_host
+    from tests.test_verify import _fake_host
 
     _needs_root_and_nobody()
     params = {**_fake_host(open_tmp), "user": "nobody"}

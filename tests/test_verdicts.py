@@ -217,7 +217,7 @@ def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
     of the run, only every activated host failed or refused is ("No hosts remaining!")."""
     from types import SimpleNamespace
 
-    from p40fleet.operations.run import verification
+    from p40fleet.operations.run import verify as run_verify
     from p40fleet.run_record import run_record
 
     class Host(SimpleNamespace):
@@ -227,15 +227,15 @@ def test_a_host_the_deploy_reboots_does_not_end_the_runs_report(monkeypatch):
         pass
 
     written = []
-    monkeypatch.setattr(verification, "finish", lambda entries: written.append(entries))
+    monkeypatch.setattr(run_verify, "finish", lambda entries: written.append(entries))
     lab1, lab2 = Host(name="lab1"), Host(name="lab2")
     state = State(is_executing=True, activated_hosts={lab1, lab2}, failed_hosts=set(),
                   inventory=[lab1, lab2])  # fmt: skip
     run_record(state).verify_specs.update({"lab1": None, "lab2": None})
-    callback = verification._VerifyAfterLastOperation.host_disconnect
+    callback = run_verify._VerifyAfterLastOperation.host_disconnect
     callback(state, lab1)  # lab1 reboots; lab2 goes on
     assert written == [] and not run_record(state).verify_finished
     state.failed_hosts = {lab1, lab2}  # every host failed or was refused: the run ends here
-    monkeypatch.setattr(verification, "_unprobed_entry", lambda target, specs: {"h": target.name})
+    monkeypatch.setattr(run_verify, "_unprobed_entry", lambda target, specs: {"h": target.name})
     callback(state, lab1)
     assert written == [{"lab1": {"h": "lab1"}, "lab2": {"h": "lab2"}}]

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from p40fleet import report
+from p40fleet.paths import REPO
 
 __all__ = ["InventoryError", "check_inventory", "main", "split_args"]
 
@@ -41,7 +42,6 @@ __all__ = ["InventoryError", "check_inventory", "main", "split_args"]
 _VERIFYING = frozenset({"full.py", "verify.py"})
 
 EXIT_USAGE = 2
-REPO = Path(__file__).resolve().parents[2]  # p40fleet/cli/<this>.py
 USAGE = "usage: python -m p40fleet.deploy INVENTORY DEPLOY.py [DEPLOY.py ...] [pyinfra args]"
 
 

@@ -31,10 +31,11 @@ from typing import TextIO
 import paramiko
 from paramiko.hostkeys import HostKeys
 
+# ``python -m p40fleet.deploy``/``verify`` run pyinfra in REPO, so a relative
+# ``ssh_known_hosts_file`` (``inventories/known_hosts.lab``) names a file under it.
+from p40fleet.paths import REPO
+
 EXIT_OK, EXIT_UNCHANGED, EXIT_MISMATCH = 0, 1, 2
-#: The repository root: ``python -m p40fleet.deploy``/``verify`` run pyinfra there, so a
-#: relative ``ssh_known_hosts_file`` (``inventories/known_hosts.lab``) names a file under it.
-REPO = Path(__file__).resolve().parents[2]  # p40fleet/cli/<this>.py
 
 
 class RekeyError(RuntimeError):

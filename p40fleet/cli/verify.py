@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from p40fleet import report
+from p40fleet import paths, report
 from p40fleet.verification import TABLE_ENV
 from p40fleet.verification import collective as coll
 from p40fleet.verification.smoke import CHECK as SMOKE_CHECK
@@ -56,11 +56,10 @@ def _checkout() -> Path:
     """The checkout whose ``deploy/verify.py`` runs: the working directory when it is one (a
     pyinfra deploy runs from its checkout; the p40fleet wheel holds no deploys), else the one
     this package sits in (an editable install)."""
-    here = Path(__file__).resolve().parents[2]  # p40fleet/cli/<this>.py
-    for root in (Path.cwd(), here):
+    for root in (Path.cwd(), paths.REPO):
         if (root / "deploy" / "verify.py").is_file():
             return root
-    return here
+    return paths.REPO
 
 
 REPO = _checkout()

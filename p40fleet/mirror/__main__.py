@@ -32,13 +32,11 @@ from p40fleet.mirror import apt as apt_repo
 from p40fleet.mirror.build import AptPlan, MirrorError, build, merge, needs_for, stack_block
 from p40fleet.mirror.manifest import Manifest, verify
 from p40fleet.mirror.serve import serve
+from p40fleet.paths import REPO
 from p40fleet.report import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from p40fleet.spec.errors import SpecError
 from p40fleet.spec.load import load_spec
 from p40fleet.spec.pins import PYPI_SIMPLE, StackSpec
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 #: The fact whose ``pyinfra INVENTORY fact NAME --json`` output ``--facts`` reads (``uname -r``,
 #: the release deploy/facts.py's "kernel" column shows).

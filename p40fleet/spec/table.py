@@ -14,16 +14,16 @@ import sys
 import types
 import typing
 from collections.abc import Iterator
-from pathlib import Path
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from p40fleet import gendoc
 from p40fleet.gendoc import cell
+from p40fleet.paths import REPO
 from p40fleet.spec.pins import StackSpec
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
+DOC = REPO / "docs" / "settings.md"
 _FIELD = re.compile(r"^\s{4}(\w+)\s*:")
 
 

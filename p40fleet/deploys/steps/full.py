@@ -11,7 +11,7 @@ from pyinfra import host
 
 from p40fleet.deploys.steps import preflight as preflight_steps
 from p40fleet.deploys.steps import python, system, training
-from p40fleet.operations.run.verification import verify_after_run
+from p40fleet.operations.run.verify import verify_after_run
 from p40fleet.runtime.included import included
 from p40fleet.spec import SpecError, spec_for_host
 

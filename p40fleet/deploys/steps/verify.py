@@ -38,7 +38,8 @@ from p40fleet.facts.verify import VerifyProbe
 from p40fleet.host_key import HOST_KEY_REMEDY, HOST_KEY_STEP
 from p40fleet.operations import training
 from p40fleet.operations.refuse import refuse
-from p40fleet.operations.run import ray_cluster, verification
+from p40fleet.operations.run import ray_cluster
+from p40fleet.operations.run import verify as run_verify
 from p40fleet.run_record import run_record
 from p40fleet.runtime import sshguard
 from p40fleet.spec import SpecError, StackSpec, spec_for_host
@@ -54,11 +55,11 @@ def verify_host(spec: StackSpec) -> list[Check]:
     target = None
     try:
         target = training.training_target(spec)  # the launch plan the script has
-        answers = ask(host, VerifyProbe, targets=verification.probe_targets(spec, target))
+        answers = ask(host, VerifyProbe, targets=run_verify.probe_targets(spec, target))
     except Exception as exc:  # noqa: BLE001 - a probe that cannot run FAILs this host only
         problem = f"{type(exc).__name__}: {exc}"
-        return verification.checks_for(spec, gpus, None, problem, target, sim)
-    checks = verification.checks_for(spec, gpus, answers, target=target, simulated=sim)
+        return run_verify.checks_for(spec, gpus, None, problem, target, sim)
+    checks = run_verify.checks_for(spec, gpus, answers, target=target, simulated=sim)
     if smoke.requested(host.data.get(smoke.SMOKE_DATA)):
         checks.append(smoke_step(spec, target, checks))
     return checks
@@ -147,7 +148,7 @@ def run() -> None:
     sshguard.install()  # no command to a host whose key is not checked (config.py did it first)
     entry = _entry_for_this_host()
     # stdout is pyinfra's JSON under --json: the human line goes to stderr then
-    print(verification.summary_line(host.name, entry), file=report.human_stream(), flush=True)
+    print(run_verify.summary_line(host.name, entry), file=report.human_stream(), flush=True)
 
     # This file runs once per host (in parallel greenlets); the table waits for the last one.
     record = run_record(state)
@@ -156,4 +157,4 @@ def run() -> None:
     active = {h.name for h in state.inventory.get_active_hosts()}
     if active <= set(results) and not record.verify_printed:
         record.verify_printed = True
-        verification.finish(results)
+        run_verify.finish(results)

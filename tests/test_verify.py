@@ -483,7 +483,7 @@ def test_probe_targets_are_one_frozen_value_the_fact_and_the_run_share():
     """deploy/verify.py (the fact) and the run after the last operation probe the same targets,
     built once; they are hashable, and a stored plain copy (the fact batch's plan, JSON) renders
     the same probe."""
-    from p40fleet.operations.run.verification import probe_targets
+    from p40fleet.operations.run.verify import probe_targets
     from p40fleet.verl_patches import RECORD_NAME
 
     targets = probe_targets(SPEC, TARGET)
