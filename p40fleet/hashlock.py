@@ -10,6 +10,7 @@ of those packages (torchvision and what only it needs, say); a line without the 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -124,7 +125,17 @@ def render(text: str, pins: dict[str, str], sums: dict[str, str]) -> tuple[str, 
     unmarked lines and the ``# opt-in:`` lines of the packages pinned), with ``sums`` added,
     and ``problems`` of that (``[]``: ``pip install --require-hashes`` of it can go ahead).
 
-    One function for the preflight and the torch step, so both decide alike.
+    One function for the preflight and the torch step, so both decide alike. Each host's
+    preflight and torch step render the same file with the same pins (parsing every line with
+    ``packaging``): the answer is kept per (text, pins, sums), and each caller gets its own list.
     """
-    installed = with_sums(select(text, pins), sums)
-    return installed, problems(installed, pins)
+    installed, found = _render(text, tuple(sorted(pins.items())), tuple(sorted(sums.items())))
+    return installed, list(found)
+
+
+@functools.lru_cache(maxsize=32)
+def _render(
+    text: str, pins: tuple[tuple[str, str], ...], sums: tuple[tuple[str, str], ...]
+) -> tuple[str, tuple[str, ...]]:
+    installed = with_sums(select(text, dict(pins)), dict(sums))
+    return installed, tuple(problems(installed, dict(pins)))

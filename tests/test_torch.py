@@ -178,6 +178,19 @@ def test_opt_in_marks_and_select():
     assert hashlock.select(text, []).startswith("# header\n")  # comments kept
 
 
+def test_render_is_kept_per_text_pins_and_sums_and_each_caller_gets_its_own_list():
+    text = "torch==1.0\nsix==1.16 --hash=sha256:" + "6" * 64 + "\n"
+    first = hashlock.render(text, {"torch": "1.0"}, {})
+    assert first[1] == ["torch==1.0 has no --hash=sha256:"]
+    first[1].clear()  # a caller's edit of its answer is not the next caller's answer
+    assert hashlock.render(text, {"torch": "1.0"}, {})[1] == ["torch==1.0 has no --hash=sha256:"]
+    summed, found = hashlock.render(text, {"torch": "1.0"}, {"torch": "A" * 64})
+    assert found == [] and "torch==1.0 --hash=sha256:" + "a" * 64 in summed  # sums: in the key
+    assert hashlock.render(text, {"torch": "2.0"}, {})[1][-1] == (
+        "the lock has torch==1.0, the spec pins torch==2.0"
+    )  # and so are the pins
+
+
 def test_real_lock_header_states_provenance_and_the_triton_file():
     header = open(REAL_LOCK).read().split("\nfilelock==", 1)[0]
     assert "ONE public source" in header and "github.com/triple-Mu" in header
