@@ -1,7 +1,7 @@
 """What pyinfra itself costs a named no-op run on this machine, with nothing of p40fleet in it.
 
     python benchmarks/bench_pyinfra_floor.py [--hosts 8] [--repeat 3] [--host-cpu 1.12] [--named]
-                                             [--ops 1,19,18,3] [--instance floor] [--json PATH]
+                                             [--ops 2,19,18,3] [--instance floor] [--json PATH]
 
 ``benchmarks/bench_fleet.py`` measures the named no-op run (``pyinfra -y INV deploy/preflight.py
 deploy/system.py deploy/python.py deploy/training.py``) against a floor: the hosts' CPU seconds
@@ -10,9 +10,10 @@ be compared: four deploy files named in one call, each host asked one fact comma
 file (as the survey is) that burns ``--host-cpu`` seconds of the host's CPU in a shell loop,
 then per host one operation sending a command (the run lock's take), ``--ops`` operations per
 file that do nothing (``server.shell(commands=[])``: "No changes"), and a last one sending a
-command (the lock's release). Defaults: 8 hosts, 42 operations per host as the named run has
-(its "Starting operation" lines: the lock's take, then 20 + 18 + 3; its release is a command
-sent after the last one, here an operation of its own: 1 + 19 + 18 + 3 + the release) and its
+command (the lock's release). Defaults: 8 hosts, 43 operations per host as the named run has
+(its "Starting operation" lines: the lock's take and the proxy step, then 20 + 18 + 3; its
+release is a command sent after the last one, here an operation of its own: 2 + 19 + 18 + 3 +
+the release; with ``--named`` a count that differs from the named run's stops the benchmark) and its
 1.12 s of host CPU per host (``docs/measurements/bench-fleet-after.json``). The same inventory
 (``inventories/sim.py``), the same SSH, the same measuring as bench_fleet (its functions): wall
 time, controller CPU (the pyinfra process), host CPU (every process of each lab host), wall /
@@ -131,7 +132,8 @@ def calibrate(where: Path, deploys: list[str], host_cpu: float) -> int:
 
 def named_run() -> dict:
     """The real named no-op run on the converged lab, measured by bench_fleet."""
-    return with_per_host(fleet.noop_run("named", len(fleet.host_roots()))[1])
+    result, numbers = fleet.noop_run("named", len(fleet.host_roots()))
+    return {**with_per_host(numbers), "operations": len(result.operations)}
 
 
 def summary(timed: list[dict]) -> dict:
@@ -145,7 +147,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-cpu", type=float, default=1.12, help="host CPU s per host to burn")
-    ap.add_argument("--ops", default="1,19,18,3", help="operations per host in each of the 4 files")
+    ap.add_argument("--ops", default="2,19,18,3", help="operations per host in each of the 4 files")
     ap.add_argument("--named", action="store_true",
                     help="converge the lab first and measure the real named no-op run too, "
                          "interleaved; the shell loop then burns what it measured")  # fmt: skip
@@ -178,7 +180,14 @@ def main() -> int:
             if converge.returncode or len(converge.connected) != args.hosts:
                 raise SystemExit(f"the converging run failed:\n{converge.output[-3000:]}")
             named_run()  # warm-up: the first no-op run after a converge is not timed
-            host_cpu = named_run()["host_cpu_per_host_s"]
+            first = named_run()
+            if first["operations"] != doc["ops_per_host"]:
+                raise SystemExit(
+                    f"the named run has {first['operations']} operations per host, this shape "
+                    f"{doc['ops_per_host']}: give --ops counts that add up to "
+                    f"{first['operations'] - 1} (the release is the shape's last operation)"
+                )
+            host_cpu = first["host_cpu_per_host_s"]
             shapes.insert(0, "named")
         doc["host_cpu_target_s"] = host_cpu
         with tempfile.TemporaryDirectory(prefix="pyinfra-floor-") as tmp:
