@@ -13,8 +13,8 @@ file that do nothing (``server.shell(commands=[])``: "No changes"), and a last o
 command (the lock's release). Defaults: 8 hosts, 43 operations per host as the named run has
 (its "Starting operation" lines: the lock's take and the proxy step, then 20 + 18 + 3; its
 release is a command sent after the last one, here an operation of its own: 2 + 19 + 18 + 3 +
-the release; with ``--named`` a count that differs from the named run's stops the benchmark) and its
-1.12 s of host CPU per host (``docs/measurements/bench-fleet-after.json``). The same inventory
+the release) and its 1.12 s of host CPU per host (``docs/measurements/bench-fleet-after.json``).
+With ``--named``, a count that differs from the named run's stops the benchmark. The same inventory
 (``inventories/sim.py``), the same SSH, the same measuring as bench_fleet (its functions): wall
 time, controller CPU (the pyinfra process), host CPU (every process of each lab host), wall /
 floor.
