@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -354,3 +355,20 @@ def test_staging_never_writes_through_a_link(tmp_path):
     assert out.returncode == 0, out.stderr
     assert not (cache / ".p40fleet-push").is_symlink() and (cache / ".p40fleet-push").is_dir()
     assert target.is_dir()  # the link was removed, its target untouched
+
+
+def test_the_deploy_steps_do_not_load_the_mirror_builder():
+    """Every run imports the four steps; the push needs ``p40fleet.mirror.fetch`` only, and the
+    builder (with its apt repository code) is ~10 ms of controller CPU a run does not use."""
+    steps = ", ".join(
+        f"p40fleet.deploys.steps.{name}" for name in ("preflight", "system", "python", "training")
+    )
+    probe = (
+        f"import sys, {steps}\n"
+        "print(sorted(m for m in sys.modules if m.startswith('p40fleet.mirror')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    assert "p40fleet.mirror.fetch" in loaded
+    assert "p40fleet.mirror.build" not in loaded and "p40fleet.mirror.apt" not in loaded, loaded

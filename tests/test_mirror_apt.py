@@ -27,8 +27,7 @@ from pathlib import Path
 import pytest
 
 from p40fleet.mirror import apt as apt_repo
-from p40fleet.mirror import build, verify
-from p40fleet.mirror.build import AptPlan, MirrorError
+from p40fleet.mirror.build import AptPlan, MirrorError, build
 from p40fleet.mirror.debian import (
     AptError,
     Index,
@@ -40,6 +39,7 @@ from p40fleet.mirror.debian import (
     release_sums,
 )
 from p40fleet.mirror.fetch import FetchError
+from p40fleet.mirror.manifest import verify
 from p40fleet.mirror.serve import RangeFileHandler
 
 pytestmark = pytest.mark.skipif(

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from p40fleet.mirror import Need, build, needs_for, verify
-from p40fleet.mirror.build import MirrorError, merge, stack_block
+from p40fleet.mirror.build import MirrorError, Need, build, merge, needs_for, stack_block
+from p40fleet.mirror.manifest import verify
 from p40fleet.mirror.serve import RangeFileHandler
 from p40fleet.spec.pins import StackSpec
 

@@ -25,8 +25,16 @@ from pathlib import Path
 import pytest
 
 from p40fleet import condalock, preflight
-from p40fleet.mirror import build, verify
-from p40fleet.mirror.build import MirrorError, Need, conda_needs, merge, needs_for, stack_block
+from p40fleet.mirror.build import (
+    MirrorError,
+    Need,
+    build,
+    conda_needs,
+    merge,
+    needs_for,
+    stack_block,
+)
+from p40fleet.mirror.manifest import verify
 from p40fleet.mirror.serve import RangeFileHandler
 from p40fleet.spec.load import load_spec
 from p40fleet.spec.pins import StackSpec

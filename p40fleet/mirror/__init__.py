@@ -18,9 +18,8 @@ each file checked against its pinned sha256 before it lands in ``DIR``; ``verify
 This package runs on the controller. The hosts' use of the mirror is the ``mirror`` component
 of the deploy: ``facts/mirror.py`` (what apt reads, does a URL answer) and
 ``operations/mirror.py`` (the apt source pointed at ``DIR/apt``), tested in tests/test_mirror.py.
+
+The builder lives in ``p40fleet.mirror.build`` and the check in ``p40fleet.mirror.manifest``;
+this package imports neither, so a deploy that needs only ``p40fleet.mirror.fetch`` (the
+controller's artifact push) does not load the builder and its apt code on every run.
 """
-
-from p40fleet.mirror.build import MirrorError, Need, build, needs_for
-from p40fleet.mirror.manifest import Manifest, verify
-
-__all__ = ["Manifest", "MirrorError", "Need", "build", "needs_for", "verify"]
