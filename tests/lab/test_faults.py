@@ -42,8 +42,8 @@ def full(*args: str, stack_host: dict | None = None, host_data: dict | None = No
 def converged(result, *hosts: str) -> None:
     for name in hosts:
         assert name in result.connected, result.output[-3000:]
-        assert not result.errors[name], f"{name} failed:\n{result.output[-5000:]}"
-        assert f"[{name}] verify: PASS" in result.output, result.output[-5000:]
+        assert not result.errors[name], result.host_output(name)
+        assert f"[{name}] verify: PASS" in result.output, result.host_output(name)
 
 
 def home_intact(lab) -> None:

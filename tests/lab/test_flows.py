@@ -69,8 +69,8 @@ def training_bytes(since: float) -> int:
 def assert_converged(result: runs.RunResult, hosts=PROVISIONED) -> None:
     for name in hosts:
         assert name in result.connected, result.output[-3000:]
-        assert not result.errors[name], f"{name} failed:\n{result.output[-5000:]}"
-        assert f"[{name}] verify: PASS" in result.output, result.output[-5000:]
+        assert not result.errors[name], result.host_output(name)
+        assert f"[{name}] verify: PASS" in result.output, result.host_output(name)
 
 
 def upper(lab, name: str) -> Path:
