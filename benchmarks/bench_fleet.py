@@ -60,7 +60,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -103,20 +103,28 @@ def host_roots() -> dict[str, str]:
     return {h["name"]: h["root"] for h in data["hosts"]}
 
 
-def host_processes(roots: dict[str, str]) -> dict[str, dict[int, float]]:
-    """``{host: {pid: CPU s of the process and its reaped children}}``, processes chrooted there."""
-    by_root = {root.rstrip("/"): name for name, root in roots.items()}
-    found: dict[str, dict[int, float]] = {name: {} for name in roots}
+def _proc_stats() -> Iterator[tuple[Path, list[str]]]:
+    """Each process's ``/proc/PID`` and its ``stat`` fields after the command name (state first)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
+            yield entry, (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone
+
+
+def host_processes(roots: dict[str, str]) -> dict[str, dict[int, float]]:
+    """``{host: {pid: CPU s of the process and its reaped children}}``, processes chrooted there."""
+    by_root = {root.rstrip("/"): name for name, root in roots.items()}
+    found: dict[str, dict[int, float]] = {name: {} for name in roots}
+    for entry, fields in _proc_stats():
+        try:
             name = by_root.get(os.readlink(entry / "root"))
-            if name is None:
-                continue
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone, or a zombie (no root link): its parent counts it once reaped
+        if name is None:
+            continue
         utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
         found[name][int(entry.name)] = (utime + stime + cutime + cstime) / _TICK
     return found
@@ -127,17 +135,9 @@ def unreaped(pids: set[int]) -> list[int]:
     host's sshd) has not yet taken into its ``cutime``. A zombie has no ``root`` link, so
     :func:`host_processes` cannot see it: read then, the host's whole run reads 0 s and the
     next run gets it twice (2 of 15 runs of bench_pyinfra_floor on 2026-12-04)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] == "Z" and int(fields[1]) in pids:
-            found.append(int(entry.name))
-    return found
+    return [
+        int(e.name) for e, fields in _proc_stats() if fields[0] == "Z" and int(fields[1]) in pids
+    ]
 
 
 def settle(roots: dict[str, str], idle: dict[str, dict[int, float]], timeout: float = 15) -> bool:

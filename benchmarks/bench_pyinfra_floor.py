@@ -30,8 +30,7 @@ With ``--named`` the lab is converged by ``deploy/full.py`` first and a third sh
 is the real named no-op run (bench_fleet's ``noop_run``: it must change nothing); the loop then
 burns the host CPU that run measured, and the shapes' timed runs are interleaved, so the three
 are compared on one lab at one time (the 8-host converge leaves the machine busy for a while).
-
-With ``--named`` the last line decides #29's bar: the named run's median wall / floor minus the
+The last line then decides #29's bar: the named run's median wall / floor minus the
 ``ops`` shape's, PASS at most 0.05, and UNDECIDED when the two shapes' host readings differ by
 more than 3 % (the floor scales with the reading, so more host CPU reads as a lower ratio).
 

@@ -39,18 +39,19 @@ class RunResult:
     bytes_served: int | None = None
     operations: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    def operations_that(self, status: str, host: str) -> list[str]:
+        """Names of the operations whose outcome on ``host`` was ``status``."""
+        return [op for op, hosts in self.operations.items() if hosts.get(host) == status]
+
     def changed_operations(self, host: str) -> list[str]:
         """Names of the operations that executed commands on ``host`` (pyinfra's "Success")."""
-        return [op for op, hosts in self.operations.items() if hosts.get(host) == "Success"]
-
-    def failed_operations(self, host: str) -> list[str]:
-        return [op for op, hosts in self.operations.items() if hosts.get(host) == "Error"]
+        return self.operations_that("Success", host)
 
     def host_output(self, host: str, last: int = 60) -> str:
         """What went wrong on ``host``, for a failing test: its failed operations and the last
         ``last`` output lines that name it (pyinfra prefixes a host's lines with ``[host]``)."""
         mine = [line for line in self.output.splitlines() if f"[{host}]" in line]
-        failed = ", ".join(self.failed_operations(host)) or "none by name"
+        failed = ", ".join(self.operations_that("Error", host)) or "none by name"
         return f"{host}: failed operations: {failed}\n" + "\n".join(mine[-last:])
 
     def hosts_ok(self) -> list[str]:
