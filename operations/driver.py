@@ -9,7 +9,6 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
-from pyinfra.operations import server
 
 from p40fleet.facts.driver import SMI_OK, InstalledDriverVersion, NvidiaSmi
 from p40fleet.facts.gpu import PciGpus
@@ -20,6 +19,7 @@ from p40fleet.footprint import BUILD_PACKAGES  # one list: the deploy, the footp
 from p40fleet.operations import run_lock
 from p40fleet.operations.refuse import refuse
 from p40fleet.operations.util import apt_lock
+from p40fleet.operations.util.reboot import rebooted
 from p40fleet.profile import driver_branch, driver_supports
 from p40fleet.spec import Proxy, StackSpec
 
@@ -169,7 +169,7 @@ def loaded(
             remedy="run with allow_reboot=True or reboot it yourself, then re-run",
         )
         return
-    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=reboot_timeout)
+    yield from rebooted(delay=delay, interval=1, reboot_timeout=reboot_timeout)
     yield from run_lock.refreshed()  # this run's lock now names the new boot
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.facts.server import Which
-from pyinfra.operations import server
 
 from p40fleet.facts.nouveau import FileStampFact, InitramfsMtime, NouveauLoaded
 from p40fleet.facts.survey import Part, ask, part
 from p40fleet.operations import run_lock
 from p40fleet.operations.refuse import refuse
+from p40fleet.operations.util.reboot import rebooted
 from p40fleet.spec import StackSpec
 
 __all__ = ["BLACKLIST_FILE", "BLACKLIST_TEXT", "blacklist", "initramfs", "unloaded", "survey_parts"]
@@ -96,7 +96,7 @@ def unloaded(
             remedy="run with allow_reboot=True or reboot it yourself, then re-run",
         )
         return
-    yield from server.reboot._inner(delay=delay, interval=1, reboot_timeout=reboot_timeout)
+    yield from rebooted(delay=delay, interval=1, reboot_timeout=reboot_timeout)
     yield from run_lock.refreshed()  # this run's lock now names the new boot
 
     def _confirm_nouveau_gone(state, host) -> bool:  # noqa: ARG001 - pyinfra's signature

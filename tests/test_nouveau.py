@@ -76,7 +76,7 @@ def test_loaded_with_allow_reboot_reboots_with_short_delay_and_confirms():
     r = run_op(nouveau.unloaded, allow_reboot=True, facts={NouveauLoaded: True})
     assert "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &" in r.commands
     assert r.commands[-1] == "function _confirm_nouveau_gone"
-    waits = [f for f in r.functions if f.function.__name__ == "wait_and_reconnect"]
+    waits = [f for f in r.functions if f.function.__name__ == "wait"]
     assert waits and waits[0].function.__closure__ is not None
     cells = dict(
         zip(waits[0].function.__code__.co_freevars, waits[0].function.__closure__, strict=True)
