@@ -125,3 +125,24 @@ def test_deploys_send_nothing_to_an_unchecked_host_even_once_connected(
         assert "ssh_strict_host_key_checking" in out, out
     queued = [op.global_arguments.get("name", "") for op in state.ops.get(host, {}).values()]
     assert all("Refuse" in n or "Verify: refused" in n for n in queued), queued
+
+
+def test_a_host_reached_again_after_refused_connects_is_no_longer_a_connect_failure(
+    monkeypatch, sent
+):
+    """A reboot's wait: connects refused while the host is down, then it is back."""
+    answers = [ConnectError("Could not connect (connection refused)"), None]
+
+    def boots(self, *args, **kwargs):
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+
+    monkeypatch.setattr(SSHConnector, "connect", boots)
+    sshguard.install()
+    _, host = make_host(STRICT, "lab3")
+    with pytest.raises(ConnectError):
+        host.connector.connect()
+    assert sshguard.connect_failure(host) == ("error", "Could not connect (connection refused)")
+    host.connector.connect()
+    assert sshguard.connect_failure(host) is None

@@ -21,8 +21,6 @@ from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
-from p40fleet.run_record import run_record
-
 __all__ = ["READ_TIMEOUT_S", "UPTIME_COMMAND", "read_uptime", "rebooted", "wait_until_back"]
 
 UPTIME_COMMAND = "cut -d. -f1 /proc/uptime"
@@ -62,7 +60,6 @@ def wait_until_back(
         if host.connected:
             now = read_uptime(host)
             if now is not None and now < before + math.floor(waited):
-                run_record(host.state).connect_failures.pop(host.name, None)
                 return True
             # still the old boot (sshd not down yet) or a command that died with it
             host.disconnect()

@@ -18,7 +18,8 @@ methods turn ``EOFError`` into ``SSHException`` naming the host.
 Connection failures: the guarded ``connect`` remembers why each host could not be reached
 (:func:`connect_failure`: the sshguard refusal, or pyinfra's own error such as ``SSH host key
 error (Host key for X does not match.)``) for the report's REFUSED / UNREACHABLE entries
-(``p40fleet.report.connect_entry``). When no host of the run could be reached pyinfra stops
+(``p40fleet.report.connect_entry``); a host reached again later (after its reboot) is
+forgotten there. When no host of the run could be reached pyinfra stops
 before any deploy file runs, so the guard writes the report (``$P40FLEET_REPORT``) itself then.
 
 Adapts pyinfra's ``SSHConnector`` (a class-level patch of ``connect``, ``run_shell_command``,
@@ -121,10 +122,13 @@ def _guard_connect(method):
             _record_failure(self.host, REFUSED, refusal)
             raise ConnectError(refusal)
         try:
-            return method(self, *args, **kwargs)
+            connected = method(self, *args, **kwargs)
         except ConnectError as exc:
             _record_failure(self.host, "error", str(exc))
             raise
+        # reached again (a reboot's wait): its refused connects while down are not its state
+        run_record(self.host.state).connect_failures.pop(self.host.name, None)
+        return connected
 
     guarded.p40fleet_guarded = True
     return guarded
